@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Idempotent set-up on a fresh Debian machine: the Debian packages the tests and the demo use
+# (real Prometheus and vmagent as peers), and a virtualenv in .venv with the project installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+command -v vmagent >/dev/null 2>&1 || need_apt+=(victoria-metrics)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  # The Debian packages start system services; the tests start their own instances.
+  for svc in prometheus prometheus-node-exporter victoria-metrics; do
+    $SUDO systemctl stop "$svc" >/dev/null 2>&1 || true
+  done
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
+if [ ! -f "$stamp" ]; then
+  echo "setup: installing gpu-telemetry and its dev dependencies into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  rm -f .venv/.installed-*; touch "$stamp"
+fi
