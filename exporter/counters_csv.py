@@ -1,0 +1,107 @@
+"""dcgm-exporter's collectors CSV: ``FIELD, type, help`` rows, parsed the way dcgm-exporter does.
+
+Rules (``internal/pkg/counters/counter_config.go``): lines starting with ``#`` are comments,
+blank lines are skipped, a row has exactly 3 comma-separated fields (CSV quoting allowed, so a
+quoted help may contain commas), surrounding spaces are trimmed, the type is ``gauge``,
+``counter`` or ``label``, and an unknown field name is fatal. Duplicate rows are an error here
+(dcgm-exporter would export the series twice).
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+
+from exporter.fields import FIELDS, KINDS
+
+DEFAULT_RESOURCE = "default-counters.csv"
+
+
+@dataclass(frozen=True, slots=True)
+class CounterSpec:
+    field: str  # DCGM_FI_* name, a key of exporter.fields.FIELDS
+    kind: str  # gauge | counter | label (the CSV's choice, which may differ from the field's usual kind)
+    help: str
+    line: int  # 1-based line in the source file
+
+
+class CountersError(ValueError):
+    """A bad collectors file; ``str`` reads ``counters.csv:12: unknown field 'DCGM_FI_DEV_FOO'``."""
+
+    def __init__(self, source: str, line: int, message: str) -> None:
+        super().__init__(f"{source}:{line}: {message}")
+        self.source = source
+        self.line = line
+        self.message = message
+
+
+def _split_row(text: str) -> list[str]:
+    rows = list(csv.reader([text], skipinitialspace=True, strict=True))
+    return [cell.strip() for cell in rows[0]] if rows else []
+
+
+def parse_counters(text: str, source: str = "<default>") -> list[CounterSpec]:
+    """Parse a collectors CSV. Raises ``CountersError`` naming the source and line."""
+    specs: list[CounterSpec] = []
+    seen: dict[str, int] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        stripped = raw.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        try:
+            cells = _split_row(stripped)
+        except csv.Error as exc:
+            raise CountersError(source, number, f"malformed CSV row ({exc}): {stripped!r}") from None
+        if len(cells) != 3:
+            raise CountersError(
+                source, number, f"expected 3 fields (FIELD, type, help), got {len(cells)}: {stripped!r}"
+            )
+        name, kind, help_ = cells
+        if name not in FIELDS:
+            raise CountersError(source, number, f"unknown field {name!r}")
+        if kind not in KINDS:
+            raise CountersError(
+                source, number, f"field {name!r}: unknown type {kind!r} (want gauge, counter or label)"
+            )
+        if name in seen:
+            raise CountersError(source, number, f"duplicate field {name!r} (first on line {seen[name]})")
+        seen[name] = number
+        specs.append(CounterSpec(name, kind, help_, number))
+    return specs
+
+
+def default_text() -> str:
+    """The built-in default collectors CSV (dcgm-exporter 4.8.2's default set)."""
+    return resources.files("exporter").joinpath("data", DEFAULT_RESOURCE).read_text(encoding="utf-8")
+
+
+def load_counters(path: str | None) -> list[CounterSpec]:
+    """The collectors from ``path``, or the built-in default when ``path`` is None.
+
+    A file that cannot be read raises ``CountersError`` (line 0) with the OS reason."""
+    if path is None:
+        return parse_counters(default_text(), "<default>")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CountersError(path, 0, f"cannot read collectors file: {exc}") from None
+    return parse_counters(text, path)
+
+
+def filter_supported(
+    specs: Sequence[CounterSpec], supported: set[str], log: logging.Logger
+) -> list[CounterSpec]:
+    """Drop rows the GPUs cannot report, warning once per row like dcgm-exporter does.
+
+    Label rows always pass (they become labels; a missing value renders as an empty label)."""
+    kept: list[CounterSpec] = []
+    for spec in specs:
+        if spec.kind == "label" or spec.field in supported:
+            kept.append(spec)
+        else:
+            log.warning("Skipping line %d ('%s'): metric not enabled", spec.line, spec.field)
+    return kept
