@@ -1,0 +1,95 @@
+"""The relay's own metrics (``gpu_relay_*``), registered on an injected CollectorRegistry.
+
+One object per process, passed to the pipeline, the senders and the HTTP server. Other modules
+may register more metrics on the same registry (the cardinality metrics live with their owner).
+Gauges about queues are set by whoever owns the queue (the runtime) just before each scrape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PREFIX = "gpu_relay_"
+SEND_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class RelayMetrics:
+    """Every ``gpu_relay_*`` self-metric as an attribute named like the exposed series."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        p = PREFIX
+        # ingest side
+        self.samples_received_total = Counter(
+            p + "samples_received", "Samples received on /api/v1/write (and from own scrapes).",
+            registry=registry,
+        )
+        self.requests_received_total = Counter(
+            p + "requests_received", "Remote-write requests received, by HTTP status answered.",
+            ["code"], registry=registry,
+        )
+        self.config_reloads_total = Counter(
+            p + "config_reloads", "Configuration reloads, by result (success|failure).",
+            ["result"], registry=registry,
+        )
+        # per destination: rules and queue
+        self.samples_kept_total = Counter(
+            p + "samples_kept", "Samples kept by a destination's rules and queued for sending.",
+            ["destination"], registry=registry,
+        )
+        self.samples_dropped_total = Counter(
+            p + "samples_dropped", "Samples a destination dropped before sending, by reason "
+            "(relabel, limits, queue_full, ...).",
+            ["destination", "reason"], registry=registry,
+        )
+        self.queue_samples = Gauge(
+            p + "queue_samples", "Samples waiting in a destination's durable queue.",
+            ["destination"], registry=registry,
+        )
+        self.queue_bytes = Gauge(
+            p + "queue_bytes", "Payload bytes waiting in a destination's durable queue.",
+            ["destination"], registry=registry,
+        )
+        self.oldest_queued_sample_age_seconds = Gauge(
+            p + "oldest_queued_sample_age_seconds",
+            "Seconds since the oldest entry still queued for a destination was received (0 when empty).",
+            ["destination"], registry=registry,
+        )
+        # per destination: sending
+        self.samples_sent_total = Counter(
+            p + "samples_sent", "Samples the destination accepted (2xx).",
+            ["destination"], registry=registry,
+        )
+        self.samples_failed_total = Counter(
+            p + "samples_failed", "Samples given up on while sending, by reason (http_<code>, too_old).",
+            ["destination", "reason"], registry=registry,
+        )
+        self.samples_retried_total = Counter(
+            p + "samples_retried", "Samples sent again after a retryable failure (counted per retry).",
+            ["destination"], registry=registry,
+        )
+        self.send_duration_seconds = Histogram(
+            p + "send_duration_seconds", "Duration of one remote-write HTTP request, any outcome.",
+            ["destination"], buckets=SEND_DURATION_BUCKETS, registry=registry,
+        )
+
+    def forget_destination(self, destination: str) -> None:
+        """Remove a destination's series (after it left the configuration)."""
+        for metric in (
+            self.samples_kept_total, self.queue_samples, self.queue_bytes,
+            self.oldest_queued_sample_age_seconds, self.samples_sent_total,
+            self.samples_retried_total, self.send_duration_seconds,
+        ):
+            with contextlib.suppress(KeyError):
+                metric.remove(destination)
+        for metric in (self.samples_dropped_total, self.samples_failed_total):
+            reasons = {
+                sample.labels["reason"]
+                for family in metric.collect()
+                for sample in family.samples
+                if sample.labels.get("destination") == destination
+            }
+            for reason in reasons:
+                metric.remove(destination, reason)
