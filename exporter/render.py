@@ -1,0 +1,142 @@
+"""Exposition rendering: pure functions producing dcgm-exporter 4.8.2's exact text.
+
+Series line: ``NAME{gpu,UUID,pci_bus_id,device,modelName,[GPU_I_PROFILE,GPU_I_ID,]Hostname,
+<label-fields sorted>[,container,namespace,pod]} VALUE``. Integers print with ``%d``, doubles
+with ``%f`` (dcgm-exporter's Go format verbs). The static part of each entity's label block is built
+once (``entity_labels``) and reused every cycle; pod labels are appended per cycle.
+
+OpenMetrics: DCGM "counters" have no ``_total`` suffix, which OpenMetrics requires of a counter
+sample, so they are declared ``# TYPE NAME unknown`` there (values and names unchanged, so
+queries work the same under either format). Gauges stay gauges. The body ends with ``# EOF``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from exporter.backend import DeviceInfo, MigInstance, Value
+
+TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+
+class SeriesSpec(Protocol):
+    """A CSV row (``exporter.counters_csv.CounterSpec`` satisfies it)."""
+
+    @property
+    def field(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def help(self) -> str: ...
+
+
+class PodLabels(Protocol):
+    """Pod attribution (``exporter.kubernetes.PodInfo`` satisfies it)."""
+
+    @property
+    def pod(self) -> str: ...
+
+    @property
+    def namespace(self) -> str: ...
+
+    @property
+    def container(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One entity's values for one cycle. ``labels`` is the full ``{...}`` block."""
+
+    labels: str
+    values: Mapping[str, Value]
+
+
+def escape_label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def escape_help(text: str, openmetrics: bool = False) -> str:
+    out = text.replace("\\", "\\\\").replace("\n", "\\n")
+    return out.replace('"', '\\"') if openmetrics else out
+
+
+def format_value(value: Value, integer: bool | None = None) -> str:
+    """``%d`` for integer fields, ``%f`` for doubles. ``integer=None``: decide by the value's type."""
+    if integer is None:
+        integer = isinstance(value, int) and not isinstance(value, bool)
+    if integer:
+        return f"{int(value):d}"
+    return f"{float(value):f}"
+
+
+def labels_block(pairs: Iterable[tuple[str, str]]) -> str:
+    return "{" + ",".join(f'{k}="{escape_label_value(v)}"' for k, v in pairs) + "}"
+
+
+def entity_labels(
+    device: DeviceInfo,
+    mig: MigInstance | None,
+    hostname: str | None,
+    label_fields: Mapping[str, str],
+) -> str:
+    """The static label prefix, without the closing brace: pod labels are appended per cycle."""
+    pairs = [
+        ("gpu", str(device.index)),
+        ("UUID", device.uuid),
+        ("pci_bus_id", device.pci_bus_id),
+        ("device", f"nvidia{device.minor}"),
+        ("modelName", device.name),
+    ]
+    if mig is not None:
+        pairs += [("GPU_I_PROFILE", mig.profile), ("GPU_I_ID", str(mig.gpu_instance_id))]
+    if hostname is not None:
+        pairs.append(("Hostname", hostname))
+    pairs += sorted(label_fields.items())
+    return labels_block(pairs)[:-1]
+
+
+def with_pod(prefix: str, pod: PodLabels | None) -> str:
+    """Close a static prefix, adding ``container,namespace,pod`` (sorted, like Go maps) if held."""
+    if pod is None:
+        return prefix + "}"
+    return (
+        f'{prefix},container="{escape_label_value(pod.container)}",'
+        f'namespace="{escape_label_value(pod.namespace)}",pod="{escape_label_value(pod.pod)}"}}'
+    )
+
+
+def render_series(
+    specs: Sequence[SeriesSpec],
+    rows: Sequence[Row],
+    integer_fields: frozenset[str] | None = None,
+    openmetrics: bool = False,
+) -> str:
+    """All gauge/counter rows, grouped by metric in CSV order; a field with no value anywhere is
+    absent (no HELP/TYPE either, as dcgm-exporter does for fields with no samples)."""
+    out: list[str] = []
+    for spec in specs:
+        if spec.kind == "label":
+            continue
+        name = spec.field
+        integer = None if integer_fields is None else name in integer_fields
+        lines = [
+            f"{name}{row.labels} {format_value(row.values[name], integer)}\n"
+            for row in rows
+            if name in row.values
+        ]
+        if not lines:
+            continue
+        kind = spec.kind if not openmetrics or spec.kind == "gauge" else "unknown"
+        out.append(f"# HELP {name} {escape_help(spec.help, openmetrics)}\n# TYPE {name} {kind}\n")
+        out.extend(lines)
+    return "".join(out)
+
+
+def wants_openmetrics(accept: str | None) -> bool:
+    """True when the scrape's Accept header asks for OpenMetrics text."""
+    return accept is not None and "application/openmetrics-text" in accept
