@@ -1,0 +1,97 @@
+"""The relay's stateless rule stages, built once per config and pure.
+
+Order, as in Prometheus remote write (external labels are added before write relabeling):
+external_labels (a label the series already has wins) -> global relabel_configs -> per destination
+write_relabel_configs -> prune_labels. A series is dropped (None) when a rule drops it, when no
+labels are left, or when it has no metric name: remote-write receivers such as Cortex/AMP reject a
+sample without ``__name__`` ("sample missing metric name") and would fail the whole batch.
+"""
+
+from __future__ import annotations
+
+from relay.config import Config
+from relay.labels import METRIC_NAME, Labels
+from relay.relabel import RelabelConfig, process
+
+
+class UnknownDestinationError(ValueError):
+    """A destination name the config does not define; ``valid`` lists the ones it does."""
+
+    def __init__(self, name: str, valid: tuple[str, ...]) -> None:
+        super().__init__(f'unknown destination "{name}" (valid: {", ".join(valid)})')
+        self.name = name
+        self.valid = valid
+
+
+def add_external_labels(labels: Labels, external: Labels) -> Labels:
+    """``labels`` plus each external label it lacks, sorted (a series' own label wins)."""
+    if not external:
+        return labels
+    own = {n for n, _ in labels}
+    missing = [(n, v) for n, v in external if n not in own]
+    if not missing:
+        return labels
+    return tuple(sorted((*labels, *missing)))
+
+
+def prune(labels: Labels, names: frozenset[str]) -> Labels:
+    """``labels`` without the named ones (the same tuple when none of them is present)."""
+    if not names or not any(n in names for n, _ in labels):
+        return labels
+    return tuple((n, v) for n, v in labels if n not in names)
+
+
+def _sendable(labels: Labels | None) -> Labels | None:
+    if not labels:
+        return None
+    for n, v in labels:
+        if n == METRIC_NAME:
+            return labels if v else None
+    return None
+
+
+class Rules:
+    """The stateless stages of one config; ``destinations`` are the names, in config order."""
+
+    def __init__(self, config: Config) -> None:
+        self.destinations: tuple[str, ...] = tuple(d.name for d in config.destinations)
+        self._external: Labels = config.external_labels
+        self._global: tuple[RelabelConfig, ...] = config.global_relabel
+        self._write: tuple[tuple[RelabelConfig, ...], ...] = tuple(
+            d.write_relabel_configs for d in config.destinations
+        )
+        self._prune: tuple[frozenset[str], ...] = tuple(
+            frozenset(d.prune_labels) for d in config.destinations
+        )
+
+    def index(self, destination: str | int) -> int:
+        """The index of a destination given by name or index; raises UnknownDestinationError."""
+        if isinstance(destination, int):
+            if 0 <= destination < len(self.destinations):
+                return destination
+            raise UnknownDestinationError(str(destination), self.destinations)
+        try:
+            return self.destinations.index(destination)
+        except ValueError:
+            raise UnknownDestinationError(destination, self.destinations) from None
+
+    def apply_global(self, labels: Labels) -> Labels | None:
+        """external_labels, then the global relabel_configs."""
+        labels = add_external_labels(labels, self._external)
+        if self._global:
+            return _sendable(process(labels, self._global))
+        return _sendable(labels)
+
+    def apply_destination(self, index: int, labels: Labels) -> Labels | None:
+        """One destination's write_relabel_configs, then its prune_labels."""
+        rules = self._write[index]
+        result: Labels | None = process(labels, rules) if rules else labels
+        if result is None:
+            return None
+        return _sendable(prune(result, self._prune[index]))
+
+    def apply(self, destination: str | int, labels: Labels) -> Labels | None:
+        """Every stateless stage for one destination: what it would be sent (None: dropped)."""
+        index = self.index(destination)
+        base = self.apply_global(labels)
+        return None if base is None else self.apply_destination(index, base)
