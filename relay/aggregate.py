@@ -1,0 +1,244 @@
+"""Stream aggregation (vmagent-style): combine the series a rule makes collide, per interval.
+
+A rule selects series, drops its ``without`` labels (or keeps only ``by``), and every group of series
+that then share labels is reduced per window ``[k*interval, (k+1)*interval)`` of *sample time*.
+Outputs are named the vmagent way, ``<metric>:<interval>_without_<labels>_<output>`` (labels sorted,
+joined by ``_``; ``_by_`` with ``by``; neither part when both are empty) and stamped at the window end.
+
+Outputs per window, over the samples the group received in it:
+  sum           sum over series of each series' latest sample (so a 15 s scrape into a 30 s window
+                does not count a series twice)
+  avg, min, max over every sample
+  count_series  distinct input series
+  last          the sample with the greatest timestamp
+  total         counters only: cumulative sum of increases, reset-aware (a drop in a series' value is a
+                reset: the new value is the increase); a series' first sample counts in full, so
+                ``total`` equals ``sum(counter)`` while no series resets. Never decreases.
+A counter (``_total`` suffix or counter metadata) gets ``total`` (whether listed or not) and
+``count_series`` if listed; sum/avg/min/max/last of raw cumulative values are not emitted for it.
+``total`` is not emitted for gauges.
+
+Windows close when ``flush(now_ms)`` passes their end (pass ``now_ms - lag`` for a grace period).
+A sample for a window already flushed is late: it goes into the earliest open window, so outputs
+never go back in time. Group state unseen for ``staleness_s`` (default 2 intervals, by the injected
+clock) is dropped once its windows are flushed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from relay.labels import METRIC_NAME, Labels
+from relay.selector import Selector
+
+OUTPUTS = ("sum", "avg", "min", "max", "count_series", "last", "total")
+_COUNTER_OUTPUTS = frozenset({"total", "count_series"})
+
+
+@dataclass(frozen=True)
+class AggregateRule:
+    match: Selector
+    interval_s: float
+    outputs: tuple[str, ...]
+    without: tuple[str, ...] = ()
+    by: tuple[str, ...] = ()
+    staleness_s: float | None = None
+    _without: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
+    _by: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not (self.interval_s > 0 and math.isfinite(self.interval_s)):
+            raise ValueError(f"aggregate interval must be positive, got {self.interval_s}")
+        if self.without and self.by:
+            raise ValueError("aggregate rule sets both 'without' and 'by'; use one")
+        if not self.outputs:
+            raise ValueError("aggregate rule has no outputs")
+        unknown = [o for o in self.outputs if o not in OUTPUTS]
+        if unknown:
+            raise ValueError(f"unknown aggregate outputs {unknown} (valid: {', '.join(OUTPUTS)})")
+        if METRIC_NAME in self.without:
+            raise ValueError("aggregate 'without' cannot drop __name__")
+        object.__setattr__(self, "_without", frozenset(self.without))
+        object.__setattr__(self, "_by", frozenset(self.by) | {METRIC_NAME})
+
+    def group(self, labels: Labels) -> Labels:
+        if self.by:
+            return tuple(p for p in labels if p[0] in self._by)
+        if self.without:
+            return tuple(p for p in labels if p[0] not in self._without)
+        return labels
+
+    def effective_outputs(self, is_counter: bool) -> tuple[str, ...]:
+        if is_counter:
+            rest = tuple(o for o in self.outputs if o in _COUNTER_OUTPUTS and o != "total")
+            return ("total", *rest)
+        return tuple(o for o in self.outputs if o != "total")
+
+
+def format_interval(seconds: float) -> str:
+    """Go-style duration as written in configs: ``30s``, ``1m``, ``1m30s``, ``1h``, ``500ms``."""
+    ms = round(seconds * 1000)
+    if ms % 1000:
+        return f"{ms}ms"
+    s = ms // 1000
+    out = ""
+    for unit, size in (("h", 3600), ("m", 60)):
+        if s >= size:
+            out += f"{s // size}{unit}"
+            s %= size
+    if s or not out:
+        out += f"{s}s"
+    return out
+
+
+def output_name(metric: str, rule: AggregateRule, output: str) -> str:
+    name = f"{metric}:{format_interval(rule.interval_s)}"
+    if rule.by:
+        name += "_by_" + "_".join(sorted(set(rule.by) - {METRIC_NAME}))
+    elif rule.without:
+        name += "_without_" + "_".join(sorted(set(rule.without)))
+    return f"{name}_{output}"
+
+
+class _Window:
+    __slots__ = ("count", "increase", "last_ts", "last_v", "max", "min", "per_series", "total")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+        self.last_ts = -(2**63)
+        self.last_v = math.nan
+        self.per_series: dict[int, tuple[int, float]] = {}  # series -> latest (ts, value)
+        self.increase = 0.0
+
+
+class _Group:
+    __slots__ = ("closed_until", "counter", "cumulative", "labels", "metric", "rule", "seen", "series_last",
+                 "windows")
+
+    def __init__(self, rule: int, labels: Labels, counter: bool, seen: float) -> None:
+        self.rule = rule
+        self.labels = labels
+        self.metric = next((v for n, v in labels if n == METRIC_NAME), "")
+        self.counter = counter
+        self.windows: dict[int, _Window] = {}  # window start (ms) -> state
+        self.closed_until = -(2**63)  # windows starting before this are flushed
+        self.cumulative = 0.0  # total so far (counters)
+        self.series_last: dict[int, tuple[int, float]] = {}  # counters: series -> last (ts, value)
+        self.seen = seen
+
+
+class Aggregator:
+    """One per destination. Not thread-safe: the caller serialises ``add`` and ``flush``."""
+
+    def __init__(self, rules: Sequence[AggregateRule], clock: Callable[[], float] = time.time) -> None:
+        self.rules = tuple(rules)
+        self._clock = clock
+        self._groups: dict[tuple[int, Labels], _Group] = {}
+
+    def route(self, labels: Labels, is_counter: bool = False) -> tuple[int, Labels] | None:
+        """(rule index, group labels) for the first rule matching, or None (series passes through)."""
+        del is_counter  # groups do not depend on the kind; outputs do (see ``add``)
+        for i, rule in enumerate(self.rules):
+            if rule.match.matches(labels):
+                return i, rule.group(labels)
+        return None
+
+    def groups(self) -> int:
+        return len(self._groups)
+
+    def add(self, rule: int, group: Labels, series_id: int, samples: Sequence[tuple[int, float]],
+            is_counter: bool) -> None:
+        key = (rule, group)
+        g = self._groups.get(key)
+        now = self._clock()
+        if g is None:
+            g = self._groups[key] = _Group(rule, group, is_counter, now)
+        g.seen = now
+        interval = round(self.rules[rule].interval_s * 1000)
+        for ts, value in samples:
+            if math.isnan(value):
+                continue  # staleness markers and NaNs carry no value to aggregate
+            start = ts - ts % interval
+            if start < g.closed_until:
+                start = g.closed_until  # late: into the earliest open window
+            w = g.windows.get(start)
+            if w is None:
+                w = g.windows[start] = _Window()
+            if g.counter:
+                self._add_counter(g, w, series_id, ts, value)
+            w.count += 1
+            w.total += value
+            if value < w.min:
+                w.min = value
+            if value > w.max:
+                w.max = value
+            if ts >= w.last_ts:
+                w.last_ts, w.last_v = ts, value
+            prev = w.per_series.get(series_id)
+            if prev is None or ts >= prev[0]:
+                w.per_series[series_id] = (ts, value)
+
+    @staticmethod
+    def _add_counter(g: _Group, w: _Window, series_id: int, ts: int, value: float) -> None:
+        prev = g.series_last.get(series_id)
+        if prev is None:
+            w.increase += value
+        elif ts <= prev[0]:
+            return  # older than what this series already contributed: no new information
+        else:
+            w.increase += value - prev[1] if value >= prev[1] else value
+        g.series_last[series_id] = (ts, value)
+
+    def flush(self, now_ms: int) -> list[tuple[Labels, int, float]]:
+        """Outputs of every window that ended at or before ``now_ms``, in time order per group."""
+        out: list[tuple[Labels, int, float]] = []
+        now = self._clock()
+        stale: list[tuple[int, Labels]] = []
+        for key, g in self._groups.items():
+            rule = self.rules[g.rule]
+            interval = round(rule.interval_s * 1000)
+            if g.windows:
+                for start in sorted(s for s in g.windows if s + interval <= now_ms):
+                    w = g.windows.pop(start)
+                    end = start + interval
+                    g.closed_until = end
+                    self._emit(out, g, rule, w, end)
+            staleness = rule.staleness_s if rule.staleness_s is not None else 2 * rule.interval_s
+            if g.series_last:  # forget counters that stopped, so a group does not grow without bound
+                horizon = g.closed_until - round(staleness * 1000)
+                for sid in [s for s, (ts, _) in g.series_last.items() if ts < horizon]:
+                    del g.series_last[sid]
+            if not g.windows and now - g.seen > staleness:
+                stale.append(key)
+        for key in stale:
+            del self._groups[key]
+        return out
+
+    def _emit(self, out: list[tuple[Labels, int, float]], g: _Group, rule: AggregateRule, w: _Window,
+              end: int) -> None:
+        if g.counter:
+            g.cumulative += w.increase
+        for output in rule.effective_outputs(g.counter):
+            if output == "total":
+                value = g.cumulative
+            elif output == "count_series":
+                value = float(len(w.per_series))
+            elif output == "sum":
+                value = math.fsum(v for _, v in w.per_series.values())
+            elif output == "avg":
+                value = w.total / w.count
+            elif output == "min":
+                value = w.min
+            elif output == "max":
+                value = w.max
+            else:  # last
+                value = w.last_v
+            name = output_name(g.metric, rule, output)
+            labels = tuple((n, name) if n == METRIC_NAME else (n, v) for n, v in g.labels)
+            out.append((labels, end, value))

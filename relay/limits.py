@@ -1,0 +1,190 @@
+"""Series limits before sending: AMP's per-series validation, per-destination series budgets, and
+detection of series that ``prune_labels`` made collide.
+
+Reasons use the names AMP/Cortex report in CloudWatch ``DiscardedSamples`` (``label_value_too_long``,
+``max_label_names_per_series``, ...), so a relay counter and an AMP graph line up.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from relay.cardinality import SeriesTracker
+from relay.labels import METRIC_NAME, Labels, canonical
+
+# AMP quotas (reference §5): 70 labels per series is documented; the name/value lengths come from a
+# third-party table (unverified), so they are constants to override, not facts.
+AMP_MAX_LABELS = 70
+AMP_MAX_NAME_LEN = 128
+AMP_MAX_VALUE_LEN = 2048
+LOG_INTERVAL_S = 60.0
+_LOG = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AmpLimits:
+    max_labels: int = AMP_MAX_LABELS
+    max_name_len: int = AMP_MAX_NAME_LEN
+    max_value_len: int = AMP_MAX_VALUE_LEN
+
+
+def _too_long(text: str, limit: int) -> bool:
+    # Go's len() counts bytes: only encode when the characters alone could exceed the limit.
+    return len(text) > limit or (len(text) * 4 > limit and len(text.encode()) > limit)
+
+
+def _valid_name(name: str, colon: bool) -> bool:
+    if not name or name[0].isdigit():
+        return False
+    return all(c.isascii() and (c.isalnum() or c == "_" or (colon and c == ":")) for c in name)
+
+
+def amp_violation(labels: Labels, limits: AmpLimits = AmpLimits()) -> str | None:
+    """The reason AMP would reject this series, or None. Labels are sorted (``relay.labels``)."""
+    if len(labels) > limits.max_labels:
+        return "max_label_names_per_series"
+    metric = ""
+    previous = None
+    for name, value in labels:
+        if name == previous:
+            return "duplicate_label_names"
+        previous = name
+        if name == METRIC_NAME:
+            metric = value
+            continue
+        if _too_long(name, limits.max_name_len):
+            return "label_name_too_long"
+        if not _valid_name(name, colon=False):
+            return "label_invalid"
+        if _too_long(value, limits.max_value_len):
+            return "label_value_too_long"
+    if not metric:
+        return "missing_metric_name"
+    if not _valid_name(metric, colon=True):
+        return "metric_name_invalid"
+    if _too_long(metric, limits.max_value_len):
+        return "label_value_too_long"
+    return None
+
+
+class SeriesLimiter:
+    """Admits new series into a destination while it is under ``max_series`` / ``max_series_per_metric``.
+
+    Admitted series keep flowing (the tracker refreshes them); a refused series is asked again on its
+    next sample, so it gets in once expiry makes room. ``admit`` observes the tracker itself: callers
+    with a limiter do not also call ``tracker.observe`` for the series.
+    """
+
+    def __init__(self, destination: str, max_series: int | None, max_series_per_metric: int | None,
+                 tracker: SeriesTracker, on_drop: Callable[[str, str], None],
+                 log: logging.Logger = _LOG,
+                 clock: Callable[[], float] = time.monotonic, *,
+                 log_interval_s: float = LOG_INTERVAL_S) -> None:
+        for field, value in (("max_series", max_series), ("max_series_per_metric", max_series_per_metric)):
+            if value is not None and value < 0:
+                raise ValueError(f"{field} must be >= 0, got {value}")
+        self.destination = destination
+        self.max_series = max_series
+        self.max_series_per_metric = max_series_per_metric
+        self.tracker = tracker
+        self._on_drop = on_drop
+        self._log = log
+        self._clock = clock
+        self._log_interval = log_interval_s
+        self._logged: dict[str, float] = {}  # metric -> last log time
+
+    def admit(self, series_id: int, metric: str, labels: Callable[[], Labels]) -> bool:
+        tracker = self.tracker
+        if tracker.contains(series_id):
+            tracker.observe(series_id, metric)
+            return True
+        limit = None
+        if self.max_series is not None and tracker.active() >= self.max_series:
+            limit = "max_series"
+        elif (self.max_series_per_metric is not None
+              and tracker.active_for_metric(metric) >= self.max_series_per_metric):
+            limit = "max_series_per_metric"
+        if limit is None:
+            tracker.observe(series_id, metric, labels())
+            return True
+        self._on_drop(metric, limit)
+        self._maybe_log(metric, limit)
+        return False
+
+    def _maybe_log(self, metric: str, limit: str) -> None:
+        now = self._clock()
+        last = self._logged.get(metric)
+        if last is not None and now - last < self._log_interval:
+            return
+        self._logged[metric] = now
+        top = ", ".join(f"{n}={c}" for n, c in self.tracker.top_labels(5, metric)) or "none recorded"
+        value = self.max_series if limit == "max_series" else self.max_series_per_metric
+        self._log.warning(
+            "destination %s: %s=%s reached (active %d, %s has %d): new %s series are dropped; "
+            "its labels by distinct values: %s",
+            self.destination, limit, value, self.tracker.active(), metric,
+            self.tracker.active_for_metric(metric), metric, top)
+
+
+class CollisionDetector:
+    """Finds distinct input series that the rules map onto one output series (``prune_labels``).
+
+    The first input key to claim an output series id owns it; another key mapping to the same id is
+    a collision and must be dropped (two series would interleave samples and AMP would reject them as
+    out of order or duplicates). Decisions are meant to be cached by the caller, so this runs only on
+    cache misses. ``active(destination, out_id)``, when given, lets a claimant take over an output
+    series whose owner has gone quiet (left the active window).
+    """
+
+    def __init__(self, active: Callable[[str, int], bool] | None = None,
+                 on_collision: Callable[[str, str], None] | None = None,
+                 log: logging.Logger = _LOG,
+                 clock: Callable[[], float] = time.monotonic, *,
+                 log_interval_s: float = LOG_INTERVAL_S) -> None:
+        self._active = active
+        self._on_collision = on_collision
+        self._log = log
+        self._clock = clock
+        self._log_interval = log_interval_s
+        self._owners: dict[str, dict[int, bytes]] = {}
+        self._logged: dict[tuple[str, str], float] = {}
+        self.collisions: dict[str, int] = {}  # destination -> count
+
+    def check(self, destination: str, out_id: int, in_key: bytes, labels: Labels, rule_hint: str) -> bool:
+        owners = self._owners.get(destination)
+        if owners is None:
+            owners = self._owners[destination] = {}
+        owner = owners.get(out_id)
+        if owner is None or owner == in_key:
+            owners[out_id] = in_key
+            return True
+        if self._active is not None and not self._active(destination, out_id):
+            owners[out_id] = in_key
+            return True
+        self.collisions[destination] = self.collisions.get(destination, 0) + 1
+        if self._on_collision is not None:
+            self._on_collision(destination, rule_hint)
+        self._maybe_log(destination, labels, rule_hint)
+        return False
+
+    def release(self, destination: str, out_id: int) -> None:
+        self._owners.get(destination, {}).pop(out_id, None)
+
+    def forget(self, destination: str) -> None:
+        """Drop every claim of a destination (config reload, cache flush)."""
+        self._owners.pop(destination, None)
+
+    def _maybe_log(self, destination: str, labels: Labels, rule_hint: str) -> None:
+        key = (destination, rule_hint)
+        now = self._clock()
+        last = self._logged.get(key)
+        if last is not None and now - last < self._log_interval:
+            return
+        self._logged[key] = now
+        self._log.warning(
+            "destination %s: %s maps distinct input series onto %s; keeping the first, dropping the others "
+            "(%d so far). Add an aggregate rule (e.g. without: the pruned labels) to combine them instead.",
+            destination, rule_hint, canonical(labels), self.collisions[destination])
