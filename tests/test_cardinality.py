@@ -1,0 +1,194 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from relay.cardinality import CardinalityMetrics, DestinationStats, SeriesTracker
+from relay.labels import Labels, make
+
+
+class Clock:
+    def __init__(self, t: float = 100.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def lbl(metric: str, **kw: str) -> Labels:
+    return make([("__name__", metric), *kw.items()])
+
+
+def tracker(clock: Clock, window: float = 60.0, **kw: int) -> SeriesTracker:
+    return SeriesTracker(window, clock, **kw)  # 60 slots of 1 s
+
+
+def test_observe_reports_new_once_and_counts_per_metric() -> None:
+    t = tracker(Clock())
+    assert t.observe(1, "a") is True
+    assert t.observe(1, "a") is False
+    assert t.observe(2, "a") is True
+    assert t.observe(3, "b") is True
+    assert t.active() == 3
+    assert [t.active_for_metric(m) for m in "abc"] == [2, 1, 0]
+    assert t.contains(2) and not t.contains(9)
+
+
+def test_top_metrics_sorted_by_series_then_name() -> None:
+    t = tracker(Clock())
+    for i, m in enumerate(["x", "y", "y", "z", "z", "z", "w"]):
+        t.observe(i, m)
+    assert t.top_metrics(3) == [("z", 3), ("y", 2), ("w", 1)]
+    assert t.top_metrics(0) == []
+
+
+def test_series_expires_after_window_without_samples() -> None:
+    clock = Clock()
+    t = tracker(clock)
+    t.observe(1, "a")
+    t.observe(2, "a")
+    clock.t += 30
+    t.observe(2, "a")  # refreshed
+    clock.t += 31  # series 1 last seen 61 s ago: one slot past the window
+    assert t.expire() == 1
+    assert (t.active(), t.active_for_metric("a"), t.contains(1), t.contains(2)) == (1, 1, False, True)
+    clock.t += 31
+    assert t.expire() == 1
+    assert (t.active(), t.top_metrics(5)) == (0, [])
+
+
+def test_series_within_window_is_not_expired() -> None:
+    clock = Clock()
+    t = tracker(clock)
+    t.observe(1, "a")
+    clock.t += 59.5
+    assert t.expire() == 0
+    assert t.contains(1)
+
+
+def test_series_out_of_window_is_new_again_before_sweep() -> None:
+    clock = Clock()
+    t = tracker(clock)
+    t.observe(1, "a")
+    clock.t += 120
+    assert t.contains(1) is False
+    assert t.observe(1, "a") is True
+    assert t.active_for_metric("a") == 1
+
+
+def test_top_labels_counts_distinct_values_per_label() -> None:
+    t = tracker(Clock())
+    for i in range(6):
+        t.observe(i, "gpu_util", lbl("gpu_util", gpu=str(i % 3), pod=f"p{i}", node="n1"))
+    t.observe(10, "fb_used", lbl("fb_used", gpu="7", pod="p0"))
+    assert t.top_labels(10, "gpu_util") == [("pod", 6), ("gpu", 3), ("node", 1)]
+    assert t.top_labels(2) == [("pod", 6), ("gpu", 4)]  # union across metrics: gpu 0,1,2,7
+    assert t.top_labels(5, "missing") == []
+
+
+def test_label_values_expire_with_the_window_and_refresh_when_supplied() -> None:
+    clock = Clock()
+    t = tracker(clock)
+    t.observe(1, "m", lbl("m", pod="a"))
+    t.observe(2, "m", lbl("m", pod="b"))
+    clock.t += 40
+    t.observe(2, "m", lbl("m", pod="b"))  # labels supplied again
+    clock.t += 25
+    t.expire()
+    assert t.top_labels(5, "m") == [("pod", 1)]
+
+
+def test_wants_labels_for_unknown_series_and_after_half_window() -> None:
+    clock = Clock()
+    t = tracker(clock)
+    assert t.wants_labels(1)
+    t.observe(1, "m")  # no labels yet
+    assert t.wants_labels(1)
+    t.observe(1, "m", lbl("m", pod="a"))
+    assert not t.wants_labels(1)
+    clock.t += 29
+    t.observe(1, "m")
+    assert not t.wants_labels(1)
+    clock.t += 2
+    assert t.wants_labels(1)
+
+
+def test_label_values_are_capped_per_label() -> None:
+    t = tracker(Clock(), max_values=3)
+    for i in range(5):
+        t.observe(i, "m", lbl("m", pod=f"p{i}", gpu="0"))
+    assert t.top_labels(5, "m") == [("pod", 3), ("gpu", 1)]
+    assert t.capped_labels() == [("m", "pod")]
+
+
+def test_expire_returns_memory_by_rebuilding_a_shrunk_table() -> None:
+    clock = Clock()
+    t = tracker(clock)
+    for i in range(1000):
+        t.observe(i, "m")
+    clock.t += 30
+    for i in range(100):
+        t.observe(i, "m")
+    clock.t += 31
+    assert t.expire() == 900
+    assert t.active() == 100
+    assert all(t.contains(i) for i in range(100))
+
+
+def test_invalid_window_is_rejected() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        SeriesTracker(0.0)
+
+
+def test_snapshot_reports_series_labels_drops_rates_and_cost() -> None:
+    clock = Clock(1000.0)
+    stats = DestinationStats("amp", window_s=60.0, clock=clock)
+    for i in range(4):
+        stats.tracker_in.observe(i, "gpu_util", lbl("gpu_util", gpu=str(i), pod=f"p{i}"))
+    out = "gpu_util:30s_without_pod_avg"
+    stats.tracker_out.observe(100, out, lbl(out, gpu="0"))
+    stats.record_samples(600, 60)
+    clock.t += 60
+    stats.record_samples(600, 60)  # the first second's bucket is now a minute old
+    stats.record_drop("collision", 2)
+    stats.record_drop("label_value_too_long", series=1, samples=5)
+    snap = stats.snapshot(limit=1)
+    json.dumps(snap)
+    assert snap["destination"] == "amp"
+    assert snap["active_series"] == {"in": 4, "out": 1}
+    assert snap["top_metrics"]["in"] == [{"metric": "gpu_util", "series": 4}]
+    assert snap["top_labels"]["in"] == [{"label": "gpu", "distinct_values": 4}]  # gpu 4 ties pod 4: by name
+    assert snap["dropped"] == {"collision": {"series": 2, "samples": 0},
+                               "label_value_too_long": {"series": 1, "samples": 5}}
+    assert snap["samples_per_second"] == {"in": 10.0, "out": 1.0}
+    assert snap["estimated_cost"]["samples_per_second"] == 1.0
+    assert snap["estimated_cost_without_rules"]["samples_per_second"] == 10.0
+    assert snap["estimated_cost"]["price_table"]["storage_usd_per_gb_month"] == 0.03
+
+
+def test_rates_use_elapsed_time_before_a_minute_has_passed() -> None:
+    clock = Clock(1000.0)
+    stats = DestinationStats("amp", clock=clock)
+    stats.record_samples(100, 50)
+    clock.t += 10
+    assert stats.snapshot()["samples_per_second"] == {"in": 10.0, "out": 5.0}
+
+
+def test_metrics_expose_active_series_and_drops() -> None:
+    registry = CollectorRegistry()
+    metrics = CardinalityMetrics(registry)
+    stats = DestinationStats("amp", clock=Clock(), metrics=metrics)
+    stats.tracker_in.observe(1, "m")
+    stats.tracker_in.observe(2, "m")
+    stats.tracker_out.observe(1, "m")
+    stats.record_drop("collision", 3)
+    metrics.on_limit_drop("amp")("m", "max_series")
+    text = generate_latest(registry).decode()
+    assert 'gpu_relay_active_series{destination="amp",direction="in"} 2.0' in text
+    assert 'gpu_relay_active_series{destination="amp",direction="out"} 1.0' in text
+    assert 'gpu_relay_series_dropped_total{destination="amp",reason="collision"} 3.0' in text
+    assert 'gpu_relay_series_limit_dropped_total{destination="amp",limit="max_series",metric="m"} 1.0' in text
+    metrics.untrack("amp")
+    assert "gpu_relay_active_series{" not in generate_latest(registry).decode()
