@@ -452,6 +452,7 @@ class _Reader:
         self.filename = filename
         self.issues: list[ConfigIssue] = []
         self._constructor = yaml.constructor.SafeConstructor()
+        self._flattened: set[int] = set()
 
     def error(self, node: Node, path: str, message: str) -> None:
         issue = ConfigIssue(self.filename, node.start_mark.line + 1, path, message)
@@ -476,22 +477,31 @@ class _Reader:
         if not isinstance(node, MappingNode):
             self.type_error(node, path, "a mapping")
             return None
-        self._constructor.flatten_mapping(node)  # YAML merge keys (<<: *anchor)
+        if id(node) not in self._flattened:
+            self._check_duplicate_keys(node, path)
+            self._constructor.flatten_mapping(node)  # YAML merge keys: <<: *anchor, explicit keys win
+            self._flattened.add(id(node))
         out: dict[str, Node] = {}
         for knode, vnode in node.value:
             if not isinstance(knode, ScalarNode):
                 self.error(knode, path, f"keys must be strings, got {_kind(knode)}")
                 continue
             key = knode.value
-            kpath = f"{path}.{key}" if path else key
             if keys is not None and key not in keys:
-                self.error(knode, kpath, f"unknown key (valid: {', '.join(keys)})")
-            elif key in out:
-                line = next(k for k, _ in node.value if k.value == key).start_mark.line + 1
-                self.error(knode, kpath, f"duplicate key (first at line {line})")
+                self.error(knode, f"{path}.{key}" if path else key, f"unknown key (valid: {', '.join(keys)})")
             else:
                 out[key] = vnode
         return out
+
+    def _check_duplicate_keys(self, node: MappingNode, path: str) -> None:
+        first: dict[str, int] = {}
+        for knode, _ in node.value:
+            if isinstance(knode, ScalarNode) and knode.tag != _TAG + "merge":
+                line = knode.start_mark.line + 1
+                if knode.value in first:
+                    kpath = f"{path}.{knode.value}" if path else knode.value
+                    self.error(knode, kpath, f"duplicate key (first at line {first[knode.value]})")
+                first.setdefault(knode.value, line)
 
     def sequence(self, node: Node | None, path: str) -> list[tuple[Node, str]]:
         if node is None or self.is_absent(node):
