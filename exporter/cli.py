@@ -55,7 +55,12 @@ def _install_signals(stop: threading.Event) -> None:
         signal.signal(sig, lambda *_: stop.set())
 
 
-def main(argv: Sequence[str] | None = None, stop: threading.Event | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    stop: threading.Event | None = None,
+    *,
+    backend_factory: Callable[[Settings], GpuBackend] = make_backend,
+) -> int:
     """Run until SIGTERM/SIGINT (or until ``stop`` is set, for embedding and tests)."""
     try:
         settings = load_settings(sys.argv[1:] if argv is None else argv, os.environ)
@@ -73,7 +78,7 @@ def main(argv: Sequence[str] | None = None, stop: threading.Event | None = None)
         print(f"gpu-exporter: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        backend = make_backend(settings)
+        backend = backend_factory(settings)
         devices = backend.devices()
         wanted = [s.field for s in specs if s.kind != "label"]
         supported = {d.index: backend.supported_fields(d.index, wanted) for d in devices}

@@ -34,6 +34,7 @@ class ExpositionSource(Protocol):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
     server_version = "gpu-exporter"
     sys_version = ""
     timeout = 10.0  # like dcgm-exporter's read/write timeouts
@@ -59,13 +60,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.do_GET()
 
     def _send(self, code: int, body: bytes, content_type: str) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("X-Content-Type-Options", "nosniff")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+        """Status, headers and body in one write (no Nagle/delayed-ACK stall between them)."""
+        self.log_request(code)
+        lines = [
+            f"HTTP/1.1 {code} {self.responses[code][0]}",
+            f"Content-Type: {content_type}",
+            f"Content-Length: {len(body)}",
+            "X-Content-Type-Options: nosniff",
+            f"Date: {self.date_time_string()}",
+        ]
+        if self.close_connection:
+            lines.append("Connection: close")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        self.wfile.write(head if self.command == "HEAD" else head + body)
 
     def log_message(self, format: str, *args: object) -> None:
         log.debug("%s %s", self.address_string(), format % args)
@@ -105,7 +112,9 @@ class Server:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._httpd.serve_forever, name="http", daemon=True)
+            self._thread = threading.Thread(
+                target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1}, name="http", daemon=True
+            )
             self._thread.start()
 
     def stop(self) -> None:

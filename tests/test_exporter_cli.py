@@ -1,0 +1,170 @@
+"""gpu-exporter settings and CLI: flag > GPU_EXPORTER_* env > dcgm-exporter env > default, exit codes,
+and an in-process run against a fake backend."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from exporter.backend import BackendError, GpuBackend
+from exporter.cli import EXIT_BACKEND, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, main
+from exporter.settings import DEFAULT_SOCKET, Settings, SettingsError, load_settings, parse_duration
+from tests.helpers import free_port, wait_until
+from tests.test_collector import FakeBackend
+
+HOST = socket.gethostname()
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        ([], {}, dict(listen=("127.0.0.1", 9400), interval_s=5.0, backend="nvml", simulate_gpus=8,
+                      kubernetes=False, pod_resources_socket=DEFAULT_SOCKET, hostname=HOST, collectors=None,
+                      log_level="info")),
+        ([], {"GPU_EXPORTER_LISTEN": ":9500"}, dict(listen=("", 9500))),
+        ([], {"DCGM_EXPORTER_LISTEN": ":9400"}, dict(listen=("", 9400))),
+        ([], {"DCGM_EXPORTER_LISTEN": ":9400", "GPU_EXPORTER_LISTEN": "127.0.0.1:9401"},
+         dict(listen=("127.0.0.1", 9401))),
+        (["--listen", "127.0.0.1:9402"], {"GPU_EXPORTER_LISTEN": ":9500"}, dict(listen=("127.0.0.1", 9402))),
+        (["-a", "[::1]:9400"], {}, dict(listen=("::1", 9400))),
+        ([], {"DCGM_EXPORTER_INTERVAL": "30000"}, dict(interval_s=30.0)),
+        ([], {"GPU_EXPORTER_INTERVAL": "2s", "DCGM_EXPORTER_INTERVAL": "30000"}, dict(interval_s=2.0)),
+        (["--interval", "1500"], {"GPU_EXPORTER_INTERVAL": "2s"}, dict(interval_s=1.5)),
+        (["--interval", "250ms"], {}, dict(interval_s=0.25)),
+        (["-c", "10000"], {}, dict(interval_s=10.0)),
+        (["--interval", "1m"], {}, dict(interval_s=60.0)),
+        ([], {"DCGM_EXPORTER_KUBERNETES": "true"}, dict(kubernetes=True)),
+        ([], {"GPU_EXPORTER_KUBERNETES": "0", "DCGM_EXPORTER_KUBERNETES": "true"}, dict(kubernetes=False)),
+        (["-k"], {"GPU_EXPORTER_KUBERNETES": "false"}, dict(kubernetes=True)),
+        ([], {"DCGM_EXPORTER_NO_HOSTNAME": "true", "NODE_NAME": "n1"}, dict(hostname=None)),
+        (["--no-hostname"], {}, dict(hostname=None)),
+        ([], {"NODE_NAME": "node-7"}, dict(hostname="node-7")),
+        ([], {"DCGM_POD_RESOURCES_KUBELET_SOCKET": "/x.sock"}, dict(pod_resources_socket="/x.sock")),
+        (["--pod-resources-kubelet-socket", "/y.sock"], {"GPU_EXPORTER_POD_RESOURCES_SOCKET": "/z.sock"},
+         dict(pod_resources_socket="/y.sock")),
+        ([], {"DCGM_EXPORTER_COLLECTORS": "/etc/x.csv"}, dict(collectors="/etc/x.csv")),
+        (["-f", "/etc/y.csv"], {"DCGM_EXPORTER_COLLECTORS": "/etc/x.csv"}, dict(collectors="/etc/y.csv")),
+        ([], {"GPU_EXPORTER_BACKEND": "simulated", "GPU_EXPORTER_SIMULATE_GPUS": "64"},
+         dict(backend="simulated", simulate_gpus=64)),
+        (["--backend", "simulated", "--simulate-gpus", "2"], {"GPU_EXPORTER_SIMULATE_GPUS": "64"},
+         dict(backend="simulated", simulate_gpus=2)),
+        ([], {"GPU_EXPORTER_LOG_LEVEL": "DEBUG"}, dict(log_level="debug")),
+    ],
+)
+def test_settings_precedence(argv: list[str], env: dict[str, str], expected: dict[str, object]) -> None:
+    s = load_settings(argv, env)
+    for key, value in expected.items():
+        assert getattr(s, key) == value, key
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "names"),
+    [
+        (["--interval", "5x"], {}, "--interval"),
+        ([], {"DCGM_EXPORTER_INTERVAL": "soon"}, "DCGM_EXPORTER_INTERVAL"),
+        (["--interval", "1ms"], {}, "at least 50ms"),
+        (["--interval", "1.5"], {}, "integer"),
+        ([], {"GPU_EXPORTER_LISTEN": "9400"}, "GPU_EXPORTER_LISTEN"),
+        (["--listen", "h:99999"], {}, "--listen"),
+        (["--backend", "cuda"], {}, "nvml or simulated"),
+        (["--simulate-gpus", "0"], {}, "--simulate-gpus"),
+        ([], {"DCGM_EXPORTER_KUBERNETES": "maybe"}, "DCGM_EXPORTER_KUBERNETES"),
+        (["--log-level", "trace"], {}, "--log-level"),
+    ],
+)
+def test_invalid_values_raise_settings_error_naming_the_source(
+    argv: list[str], env: dict[str, str], names: str
+) -> None:
+    with pytest.raises(SettingsError) as err:
+        load_settings(argv, env)
+    assert names in str(err.value)
+
+
+def test_settings_error_is_a_value_error_carrying_the_value() -> None:
+    with pytest.raises(ValueError) as err:
+        parse_duration("--interval", "forever")
+    assert isinstance(err.value, SettingsError) and err.value.value == "forever"
+
+
+def test_bad_flag_value_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--interval", "nope"]) == EXIT_USAGE
+    assert "--interval='nope'" in capsys.readouterr().err
+
+
+def test_bad_collectors_csv_exits_2_with_the_file_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    csv = tmp_path / "counters.csv"
+    csv.write_text("# comment\nDCGM_FI_DEV_GPU_UTIL, gauge, ok\nDCGM_FI_DEV_NOPE, gauge, bad\n")
+    assert main(["--backend", "simulated", "--collectors", str(csv)]) == EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert f"{csv}:3:" in err[0] and "DCGM_FI_DEV_NOPE" in err[0]
+
+
+def test_backend_that_cannot_start_exits_3_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    def no_nvml(settings: Settings) -> GpuBackend:
+        raise BackendError("NVML Shared Library Not Found (is the NVIDIA driver installed?)")
+
+    assert main(["--backend", "nvml"], backend_factory=no_nvml) == EXIT_BACKEND
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["gpu-exporter: error: nvml backend: NVML Shared Library Not Found (is the NVIDIA driver "
+                   "installed?)"]
+
+
+def test_real_nvml_backend_without_a_gpu_exits_3_never_falls_back(capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        pytest.skip("this machine has NVML; the no-NVML path cannot be shown here")
+    except pynvml.NVMLError:
+        pass
+    stop = threading.Event()
+    stop.set()
+    assert main(["--backend", "nvml", "--listen", f"127.0.0.1:{free_port()}"], stop) == EXIT_BACKEND
+    assert "gpu-exporter: error: nvml backend:" in capsys.readouterr().err
+
+
+def test_port_in_use_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        rc = main(["--listen", f"127.0.0.1:{port}"], backend_factory=lambda _: FakeBackend(n=1))
+    assert rc == EXIT_RUNTIME
+    assert "cannot listen on 127.0.0.1:" in capsys.readouterr().err
+
+
+def test_in_process_run_serves_then_stops_cleanly(capsys: pytest.CaptureFixture[str]) -> None:
+    be = FakeBackend(n=2)
+    port = free_port()
+    stop = threading.Event()
+    result: list[int] = []
+    t = threading.Thread(
+        target=lambda: result.append(main(["--listen", f"127.0.0.1:{port}", "--interval", "100ms",
+                                           "--no-hostname"], stop, backend_factory=lambda _: be)))
+    t.start()
+    try:
+        assert wait_until(lambda: f"serving http://127.0.0.1:{port}/metrics" in capsys.readouterr().out
+                          or bool(result), timeout=10)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.request("GET", "/metrics")
+        body = conn.getresponse().read()
+        conn.request("GET", "/health")
+        health = conn.getresponse()
+        assert (health.status, health.read()) == (200, b"OK")
+        conn.close()
+        assert b'DCGM_FI_DEV_GPU_UTIL{gpu="1"' in body
+        assert b"Hostname" not in body
+        assert b"# HELP DCGM_FI_DEV_XID_ERRORS" in body
+    finally:
+        stop.set()
+        t.join(timeout=10)
+    assert result == [EXIT_OK]
+    assert be.closed
