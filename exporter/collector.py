@@ -36,6 +36,22 @@ LABEL_SOURCES: dict[str, Callable[[DeviceInfo, str], str]] = {
 }
 
 
+def label_values(backend: object, d: DeviceInfo, driver: str, names: Sequence[str]) -> dict[str, str]:
+    """Values for CSV ``label`` rows: the backend's optional ``labels(gpu)`` (static strings such as
+    serial and VBIOS), else what ``DeviceInfo`` and the driver version give."""
+    own: Mapping[str, str] = {}
+    labels_fn = getattr(backend, "labels", None)
+    if callable(labels_fn):
+        own = labels_fn(d.index)
+    out: dict[str, str] = {}
+    for name in names:
+        if name in own:
+            out[name] = str(own[name])
+        elif name in LABEL_SOURCES:
+            out[name] = LABEL_SOURCES[name](d, driver)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Exposition:
     """What every scrape serves until the next cycle replaces it."""
@@ -117,18 +133,19 @@ class Collector:
         self._specs = [s for s in counters if s.kind != "label"]
         label_specs = [s for s in counters if s.kind == "label"]
         driver = backend.driver_version()
-        label_names = [s.field for s in label_specs if s.field in LABEL_SOURCES]
-        for spec in label_specs:
-            if spec.field not in LABEL_SOURCES:
-                log.warning("label field %s has no source in this exporter; ignoring it", spec.field)
+        label_names = [s.field for s in label_specs]
         wanted = {s.field for s in self._specs} - {XID_ERRORS}
         self._gpus = []
+        missing: set[str] = set()
         for d in backend.devices():
             probed = supported.get(d.index) if supported is not None else None
             if probed is None:
                 probed = backend.supported_fields(d.index, sorted(wanted))
-            labels = {n: LABEL_SOURCES[n](d, driver) for n in label_names}
+            labels = label_values(backend, d, driver, label_names)
+            missing.update(set(label_names) - set(labels))
             self._gpus.append(self._static(d, frozenset(probed) & wanted, hostname, labels))
+        for name in sorted(missing):
+            log.warning("label field %s has no value on some GPUs; the label is omitted there", name)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()

@@ -277,3 +277,15 @@ def test_wake_runs_a_cycle_before_the_next_tick() -> None:
         assert wait_until(lambda: be.reads == 2, timeout=5)
     finally:
         c.stop()
+
+
+def test_label_rows_come_from_backend_labels_sorted_after_hostname() -> None:
+    class WithLabels(FakeBackend):
+        def labels(self, gpu: int) -> dict[str, str]:
+            return {"DCGM_FI_DEV_SERIAL": f"13241{gpu}", "DCGM_FI_DRIVER_VERSION": "580.159.04"}
+
+    specs = [*SPECS, Spec("DCGM_FI_DEV_SERIAL", "label", "Device Serial Number"),
+             Spec("DCGM_FI_DEV_VBIOS_VERSION", "label", "VBIOS version")]
+    exp = Collector(WithLabels(n=1), specs, "h", 5.0).collect_once()
+    util = lines(exp, "DCGM_FI_DEV_GPU_UTIL{")[0]
+    assert util.endswith(',Hostname="h",DCGM_FI_DEV_SERIAL="132410",DCGM_FI_DRIVER_VERSION="580.159.04"} 10')
