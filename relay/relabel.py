@@ -58,14 +58,21 @@ def _re2_options() -> Any:
 _RE2_OPTIONS = _re2_options()
 
 
+# re2.Set answers yes/no about 5x faster than re2's search() wrapper. It has no NFA fallback when its
+# DFA runs out of memory, so it is only used where that cannot happen: small programs, short texts.
+_SET_MAX_PROGRAM = 2000
+_SET_MAX_TEXT = 1024
+
+
 class Regexp:
     """An RE2 regex anchored as ``^(?s:pattern)$``, as Prometheus compiles relabel regexes."""
 
-    __slots__ = ("_compiled", "_pattern")
+    __slots__ = ("_compiled", "_pattern", "_set")
 
     def __init__(self, pattern: str) -> None:
         try:
-            compiled = re2.compile(f"^(?s:{pattern})$", _RE2_OPTIONS)
+            anchored = f"^(?s:{pattern})$"
+            compiled = re2.compile(anchored, _RE2_OPTIONS)
         except re2.error as exc:
             detail = exc.args[0] if exc.args else exc
             if isinstance(detail, bytes):
@@ -75,6 +82,15 @@ class Regexp:
             ) from None
         self._pattern = pattern
         self._compiled = compiled
+        self._set: Any = None
+        if compiled.programsize <= _SET_MAX_PROGRAM:
+            try:
+                matcher = re2.Set.SearchSet(_RE2_OPTIONS)
+                matcher.Add(anchored)
+                matcher.Compile()
+                self._set = matcher
+            except re2.error:  # pragma: no cover - the plain search below always works
+                self._set = None
 
     @property
     def pattern(self) -> str:
@@ -91,10 +107,14 @@ class Regexp:
 
     def matches(self, text: str) -> bool:
         """Go ``MatchString``."""
+        if self._set is not None and len(text) <= _SET_MAX_TEXT:
+            return self._set.Match(text) is not None
         return self._compiled.search(text) is not None
 
     def submatch_index(self, text: str, pos: int = 0) -> list[int] | None:
         """Go ``FindStringSubmatchIndex`` (offsets in characters): [start0, end0, start1, ...]."""
+        if pos == 0 and not self.matches(text):  # the yes/no check is ~5x cheaper than a search
+            return None
         m = self._compiled.search(text, pos)
         if m is None:
             return None

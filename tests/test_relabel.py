@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -267,6 +268,20 @@ def test_regexp_pattern_is_the_original_text() -> None:
 )
 def test_regexp_is_anchored_dotall_re2(pattern: str, text: str, matches: bool) -> None:
     assert Regexp(pattern).matches(text) is matches
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    pattern=st.sampled_from(["a.*b", "(a|b)+", "[^x]*", "gpu_[0-9]+", ".*", "x?y?z?", "a\\nb|", "(?i)GPU.*"]),
+    text=st.text(alphabet="abxyz\n_0123gpuGPU", max_size=12),
+    pad=st.integers(min_value=0, max_value=1),
+)
+def test_regexp_matches_agrees_with_a_full_match_on_short_and_long_texts(
+    pattern: str, text: str, pad: int
+) -> None:
+    text = text + "z" * (2000 * pad)  # long texts take the plain-search path
+    assert Regexp(pattern).matches(text) is (re.fullmatch(pattern, text, re.DOTALL) is not None)
+    assert (Regexp(pattern).submatch_index(text) is not None) is Regexp(pattern).matches(text)
 
 
 def test_regexp_submatch_index_uses_character_offsets() -> None:
