@@ -290,7 +290,7 @@ class DurableQueue:
     def _maybe_vacuum(db: sqlite3.Connection) -> None:
         (free,) = db.execute("PRAGMA freelist_count").fetchone()
         if free >= _VACUUM_FREE_PAGES:
-            db.execute("PRAGMA incremental_vacuum")
+            db.executescript("PRAGMA incremental_vacuum;")  # execute() would step (free) only one page
 
     # -- reading ---------------------------------------------------------------------------------
     def peek(self, shard: int, max_samples: int, max_entries: int = 1000) -> list[Entry]:

@@ -1,0 +1,274 @@
+"""DurableQueue: per-shard FIFO, crash durability (SIGKILL), max_disk oldest-first drops, space reuse."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from relay.queue import ENTRY_OVERHEAD_BYTES, DurableQueue, Entry, QueueError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def queue(tmp_path: Path) -> Iterator[DurableQueue]:
+    q = DurableQueue(tmp_path / "dest.queue.db", 1 << 20, clock=lambda: 1000.0)
+    yield q
+    q.close()
+
+
+def payloads(entries: list[Entry]) -> list[bytes]:
+    return [e.payload for e in entries]
+
+
+# -- ordering and accounting -------------------------------------------------------------------
+def test_put_then_peek_is_fifo_per_shard(queue: DurableQueue) -> None:
+    queue.put([(0, b"a1", 1), (1, b"b1", 1)])
+    queue.put([(0, b"a2", 1)])
+    queue.put([(1, b"b2", 1), (0, b"a3", 1)])
+    assert payloads(queue.peek(0, 100)) == [b"a1", b"a2", b"a3"]
+    assert payloads(queue.peek(1, 100)) == [b"b1", b"b2"]
+    assert queue.shards() == [0, 1]
+
+
+def test_entries_carry_shard_samples_and_enqueue_time(queue: DurableQueue) -> None:
+    queue.put([(3, b"xyz", 7)])
+    [e] = queue.peek(3, 100)
+    assert (e.shard, e.payload, e.samples, e.enqueued_at) == (3, b"xyz", 7, 1000.0)
+    assert queue.oldest_enqueued_at() == 1000.0
+
+
+@pytest.mark.parametrize(
+    ("samples", "max_samples", "max_entries", "expected"),
+    [
+        ([5, 5, 5], 10, 1000, 2),
+        ([5, 5, 5], 9, 1000, 1),
+        ([50, 1], 10, 1000, 1),  # one entry even when it alone exceeds max_samples
+        ([1] * 10, 100, 4, 4),
+        ([3, 3, 3], 9, 1000, 3),
+    ],
+)
+def test_peek_respects_max_samples_but_returns_at_least_one_entry(
+    queue: DurableQueue, samples: list[int], max_samples: int, max_entries: int, expected: int
+) -> None:
+    queue.put([(0, b"p", n) for n in samples])
+    assert len(queue.peek(0, max_samples, max_entries)) == expected
+
+
+def test_ack_removes_entries_and_depth_tracks_samples_and_bytes(queue: DurableQueue) -> None:
+    queue.put([(0, b"1234", 4), (0, b"12", 2), (1, b"123", 3)])
+    assert queue.depth() == (9, 9)
+    queue.ack([e.id for e in queue.peek(0, 4)])
+    assert queue.depth() == (5, 5)
+    assert payloads(queue.peek(0, 100)) == [b"12"]
+    queue.ack([e.id for e in queue.peek(0, 100)] + [e.id for e in queue.peek(1, 100)])
+    assert queue.depth() == (0, 0) and queue.shards() == [] and queue.oldest_enqueued_at() is None
+
+
+def test_ack_of_unknown_or_repeated_ids_changes_nothing(queue: DurableQueue) -> None:
+    queue.put([(0, b"x", 1), (0, b"y", 1)])
+    first = queue.peek(0, 1)[0].id
+    queue.ack([first])
+    queue.ack([first, 999_999])
+    assert queue.depth() == (1, 1)
+
+
+def test_ids_are_never_reused_after_the_queue_drains(tmp_path: Path) -> None:
+    q = DurableQueue(tmp_path / "q.db", 1 << 20)
+    q.put([(0, b"a", 1)])
+    old = q.peek(0, 1)[0].id
+    q.ack([old])
+    q.close()
+    q = DurableQueue(tmp_path / "q.db", 1 << 20)
+    q.put([(0, b"b", 1)])
+    assert q.peek(0, 1)[0].id > old  # a late ack of `old` can never delete new data
+    q.close()
+
+
+def test_put_is_atomic_and_reopen_restores_depth_and_shards(tmp_path: Path) -> None:
+    q = DurableQueue(tmp_path / "q.db", 1 << 20)
+    q.put([(0, b"aa", 2), (2, b"bbb", 3)])
+    q.close()
+    q = DurableQueue(tmp_path / "q.db", 1 << 20)
+    assert q.depth() == (5, 5) and q.shards() == [0, 2]
+    assert q.wait(2, 0) is True  # entries present at open count as new
+    q.close()
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [[(-1, b"x", 1)], [(0, "text", 1)], [(0, b"x", -1)]],
+    ids=["negative-shard", "str-payload", "negative-samples"],
+)
+def test_bad_pieces_are_value_errors(queue: DurableQueue, pieces: list[tuple[int, object, int]]) -> None:
+    with pytest.raises(ValueError, match="bad queue piece"):
+        queue.put(pieces)  # type: ignore[arg-type]
+    assert queue.depth() == (0, 0)
+
+
+def test_non_positive_max_disk_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(QueueError) as e:
+        DurableQueue(tmp_path / "q.db", 0)
+    assert e.value.value == 0
+
+
+def test_put_after_close_is_an_error_but_depth_still_answers(tmp_path: Path) -> None:
+    q = DurableQueue(tmp_path / "q.db", 1 << 20)
+    q.put([(0, b"x", 1)])
+    q.close()
+    with pytest.raises(QueueError, match="closed"):
+        q.put([(0, b"y", 1)])
+    assert q.depth() == (1, 1) and q.peek(0, 1) == [] and q.oldest_enqueued_at() is None
+
+
+# -- max_disk ----------------------------------------------------------------------------------
+def test_full_queue_drops_oldest_entries_first_across_shards_and_counts_them(tmp_path: Path) -> None:
+    entry = 1000 + ENTRY_OVERHEAD_BYTES
+    q = DurableQueue(tmp_path / "q.db", 5 * entry)
+    for i in range(5):
+        assert q.put([(i % 2, bytes([i]) * 1000, 10 + i)]) == 0
+    assert q.put([(1, b"\x05" * 1000, 15)]) == 10  # entry 0 (shard 0, 10 samples) goes
+    assert q.put([(0, b"\x06" * 2000, 16)]) == 11 + 12  # needs two slots: entries 1 and 2
+    assert [e.payload[0] for e in q.peek(0, 1000)] == [4, 6]
+    assert [e.payload[0] for e in q.peek(1, 1000)] == [3, 5]
+    assert q.depth() == (13 + 14 + 15 + 16, 5000)
+    q.close()
+
+
+def test_a_put_larger_than_max_disk_drops_itself_too(tmp_path: Path) -> None:
+    q = DurableQueue(tmp_path / "q.db", 1000)
+    q.put([(0, b"a" * 500, 5)])
+    assert q.put([(0, b"b" * 5000, 50)]) == 55
+    assert q.depth() == (0, 0) and q.shards() == []
+    q.close()
+
+
+def test_late_ack_of_an_entry_dropped_for_space_does_not_corrupt_depth(tmp_path: Path) -> None:
+    q = DurableQueue(tmp_path / "q.db", 2 * (100 + ENTRY_OVERHEAD_BYTES))
+    q.put([(0, b"a" * 100, 1)])
+    in_flight = q.peek(0, 10)
+    q.put([(0, b"b" * 100, 2), (0, b"c" * 100, 3)])  # drops "a" while a sender holds it
+    q.ack([e.id for e in in_flight])
+    assert q.depth() == (5, 200)
+    q.close()
+
+
+def test_acked_space_is_given_back_to_the_file_system(tmp_path: Path) -> None:
+    path = tmp_path / "q.db"
+    q = DurableQueue(path, 64 << 20, durability="normal")
+    blob = os.urandom(64 * 1024)
+    for _ in range(64):  # 16 MiB over 4 shards
+        q.put([(s, blob, 100) for s in range(4)])
+    q.close()  # checkpoints the WAL into the main file
+    full = path.stat().st_size
+    q = DurableQueue(path, 64 << 20, durability="normal")
+    for s in range(4):
+        q.ack([e.id for e in q.peek(s, 1 << 30, 10_000)])
+    q.close()
+    assert full >= 16 << 20
+    assert q.depth() == (0, 0) and path.stat().st_size < 2 << 20
+
+
+# -- waiting and concurrency -------------------------------------------------------------------
+def test_wait_times_out_without_puts_and_wakes_on_a_put_for_its_shard(queue: DurableQueue) -> None:
+    assert queue.wait(0, 0.05) is False
+    woke: list[bool] = []
+    t = threading.Thread(target=lambda: woke.append(queue.wait(0, 5)))
+    t.start()
+    queue.put([(1, b"other shard", 1)])
+    time.sleep(0.05)
+    assert woke == []
+    queue.put([(0, b"mine", 1)])
+    t.join(2)
+    assert woke == [True]
+
+
+def test_a_put_between_peek_and_wait_is_not_missed(queue: DurableQueue) -> None:
+    assert queue.peek(0, 10) == []
+    queue.put([(0, b"x", 1)])
+    assert queue.wait(0, 0) is True
+    queue.peek(0, 10)
+    assert queue.wait(0, 0) is False
+
+
+def test_close_wakes_waiters(tmp_path: Path) -> None:
+    q = DurableQueue(tmp_path / "q.db", 1 << 20)
+    woke: list[bool] = []
+    t = threading.Thread(target=lambda: woke.append(q.wait(0, 10)))
+    t.start()
+    time.sleep(0.05)
+    q.close()
+    t.join(2)
+    assert woke == [False] and q.closed
+
+
+def test_concurrent_writers_group_commit_keeps_every_put_and_per_writer_order(queue: DurableQueue) -> None:
+    def writer(w: int) -> None:
+        for i in range(40):
+            queue.put([(w % 2, f"{w}:{i}".encode(), 1), (2, f"{w}:{i}".encode(), 1)])
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert queue.depth()[0] == 8 * 40 * 2
+    shard2 = [e.payload.decode().split(":") for e in queue.peek(2, 10_000, 10_000)]
+    for w in range(8):
+        assert [int(i) for ww, i in shard2 if int(ww) == w] == list(range(40))
+    assert [len(queue.peek(s, 10_000, 10_000)) for s in (0, 1)] == [4 * 40, 4 * 40]
+
+
+# -- durability --------------------------------------------------------------------------------
+CHILD = """
+import sys
+from pathlib import Path
+from relay.queue import DurableQueue
+q = DurableQueue(Path(sys.argv[1]), 1 << 30)
+i = 0
+while True:
+    q.put([(i % 3, b"entry-%d|" % i + b"x" * 200, 1), (3, b"entry-%d" % i, 1)])
+    sys.stdout.write(f"{i}\\n")
+    sys.stdout.flush()
+    i += 1
+"""
+
+
+def test_every_acknowledged_put_survives_sigkill(tmp_path: Path) -> None:
+    path = tmp_path / "crash.db"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(path)], stdout=subprocess.PIPE, env=env, cwd=ROOT
+    )
+    assert child.stdout is not None
+    acked: list[int] = []
+    try:
+        deadline = time.monotonic() + 15
+        while len(acked) < 150 and time.monotonic() < deadline:
+            line = child.stdout.readline()
+            if not line:
+                break
+            acked.append(int(line))
+    finally:
+        os.kill(child.pid, signal.SIGKILL)  # right after a put returned, maybe mid-way through the next
+        child.wait(10)
+        child.stdout.close()
+    assert len(acked) == 150
+    q = DurableQueue(path, 1 << 30)
+    try:
+        tails = [int(e.payload.removeprefix(b"entry-")) for e in q.peek(3, 1 << 30, 1 << 30)]
+        assert tails[: len(acked)] == acked  # every acked put, in order; maybe one more
+        assert len(tails) <= len(acked) + 1
+        heads = sorted(int(e.payload.split(b"|")[0].removeprefix(b"entry-"))
+                       for s in range(3) for e in q.peek(s, 1 << 30, 1 << 30))
+        assert heads == tails  # each put is all-or-nothing across shards
+    finally:
+        q.close()
