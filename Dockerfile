@@ -1,0 +1,40 @@
+# syntax=docker/dockerfile:1
+# One image, both programs. The first argument picks the program:
+#   docker run IMAGE --listen=:9400 --backend=simulated     -> gpu-exporter --listen=:9400 ...
+#   docker run IMAGE gpu-exporter --backend=simulated       -> gpu-exporter ...
+#   docker run IMAGE gpu-relay run --config /etc/gpu-relay/relay.yaml
+# (`docker run --entrypoint gpu-relay IMAGE run --config ...` works too.)
+# Build: docker build -t gpu-telemetry:0.1.0 .   (BuildKit, the default since Docker 23)
+
+# --- build: wheels for the project and every dependency -------------------------------------
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY exporter ./exporter
+COPY relay ./relay
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+# --- runtime ----------------------------------------------------------------------------------
+FROM python:3.11-slim
+LABEL org.opencontainers.image.title="gpu-telemetry" \
+      org.opencontainers.image.description="gpu-exporter (NVML, dcgm-exporter schema) and gpu-relay (remote-write to AMP)" \
+      org.opencontainers.image.licenses="Apache-2.0"
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=utility
+# Install from the build stage's wheels without copying them into a layer; no compilers here.
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    pip install --no-cache-dir --no-index --find-links /wheels gpu-telemetry \
+ && groupadd --gid 65532 nonroot \
+ && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin nonroot \
+ && mkdir -p /var/lib/gpu-relay \
+ && chown 65532:65532 /var/lib/gpu-relay
+# Numeric, so Kubernetes' runAsNonRoot can verify it. The exporter's DaemonSet overrides it with
+# uid 0 (no capabilities) only to reach the root-owned kubelet socket; see deploy/daemonset.yaml.
+USER 65532:65532
+WORKDIR /var/lib/gpu-relay
+EXPOSE 9400 9201
+# A three-line dispatcher in the image's /bin/sh: exec keeps the program as PID 1 (signals reach it).
+ENTRYPOINT ["/bin/sh", "-c", "case \"$1\" in gpu-exporter|gpu-relay) exec \"$@\" ;; *) exec gpu-exporter \"$@\" ;; esac", "gpu-telemetry"]
+CMD []
