@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
@@ -81,6 +82,14 @@ class _Handler(BaseHTTPRequestHandler):
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A scraper hanging up is routine: one DEBUG line, not a traceback on stderr."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError):
+            log.debug("client %s: %s", client_address, exc)
+        else:
+            log.exception("error serving %s", client_address)
 
 
 class _HTTP6Server(_HTTPServer):
