@@ -94,6 +94,10 @@ class PodResourcesSource:
     changes), and recovery is logged once; a persisting problem is not logged every cycle.
     After a failed call the channel is rebuilt on the next cycle, so a restarted kubelet is picked
     up at once instead of after gRPC's reconnect backoff (up to two minutes).
+
+    ``get()`` is called by one thread (the collector's); ``close()`` may come from any thread and
+    cancels a call in flight. Keep ``timeout`` under the collection interval: a hung kubelet
+    delays the cycle by up to ``timeout``.
     """
 
     def __init__(

@@ -788,3 +788,14 @@ def test_manifests_pass_arguments_the_entrypoint_dispatches_correctly() -> None:
         find(load_docs("relay-sidecar.yaml"), "StatefulSet")["spec"]["template"]["spec"], "gpu-relay"
     )
     assert relay["args"][0] == "gpu-relay" and "command" not in relay
+
+
+def test_daemonset_args_and_env_are_accepted_by_the_exporter_flag_parser() -> None:
+    if not (ROOT / "exporter" / "settings.py").exists():
+        pytest.skip("exporter/settings.py is not written yet")
+    settings = pytest.importorskip("exporter.settings")
+    c = container(find(load_docs("daemonset.yaml"), "DaemonSet")["spec"]["template"]["spec"], "gpu-exporter")
+    s = settings.load_settings(c["args"], {"NODE_NAME": "gpu-node-1"})
+    assert (s.listen_port, s.interval_s, s.kubernetes) == (9400, 5.0, True)
+    assert s.pod_resources_socket.startswith("/var/lib/kubelet/pod-resources/")
+    assert s.hostname == "gpu-node-1"
