@@ -195,7 +195,9 @@ def _parse_root(r: _Reader, root: Node) -> Config:
         relabel = _relabel(r, g.get("relabel_configs"), "global.relabel_configs")
     storage = Config.storage_path
     if (st := r.mapping(m.get("storage"), "storage", ("path",))) is not None:
-        storage = Path(r.string(st.get("path"), "storage.path", str(storage)))
+        if (text := r.optional_string(st.get("path"), "storage.path")) == "":
+            r.error(st["path"], "storage.path", "must not be empty")
+        storage = Path(text) if text else storage
     jobs = [(_scrape(r, n, p), n) for n, p in r.sequence(m.get("scrape"), "scrape")]
     _check_unique(r, [(s.job_name, n) for s, n in jobs], "scrape", "job_name")
     dnode = r.require(m, root, "", "destinations")
@@ -213,7 +215,9 @@ def _scrape(r: _Reader, node: Node, path: str) -> ScrapeConfig:
     m = r.mapping(node, path, keys)
     if m is None:
         return ScrapeConfig("")
-    job = r.string(r.require(m, node, path, "job_name"), f"{path}.job_name", "")
+    job = r.required_string(m, node, path, "job_name")
+    if job == "":
+        r.error(m["job_name"], f"{path}.job_name", "must not be empty")
     interval = r.duration(m.get("scrape_interval"), f"{path}.scrape_interval", 15.0, positive=True)
     timeout = r.duration(
         m.get("scrape_timeout"), f"{path}.scrape_timeout", min(10.0, interval), positive=True
@@ -232,7 +236,7 @@ def _scrape(r: _Reader, node: Node, path: str) -> ScrapeConfig:
             for target, tn, tp in r.string_items(r.require(scm, sc, sp, "targets"), f"{sp}.targets"):
                 if _check_host_port(r, tn, tp, target):
                     targets.append(target)
-    return ScrapeConfig(job, interval, timeout, tuple(targets), metrics_path, scheme)
+    return ScrapeConfig(job or "", interval, timeout, tuple(targets), metrics_path, scheme)
 
 
 def _destination(r: _Reader, node: Node, path: str) -> DestinationConfig:
@@ -241,11 +245,11 @@ def _destination(r: _Reader, node: Node, path: str) -> DestinationConfig:
     m = r.mapping(node, path, keys)
     if m is None:
         return DestinationConfig("", "")
-    name = r.string(r.require(m, node, path, "name"), f"{path}.name", "")
-    if "name" in m and name and not _DEST_NAME_RE.fullmatch(name):
+    name = r.required_string(m, node, path, "name")
+    if name is not None and not _DEST_NAME_RE.fullmatch(name):
         r.error(m["name"], f"{path}.name", f'invalid name "{name}": use letters, digits, "_" and "-" only')
-    url = r.string(r.require(m, node, path, "url"), f"{path}.url", "")
-    if "url" in m and url:
+    url = r.required_string(m, node, path, "url")
+    if url is not None:
         _check_url(r, m["url"], f"{path}.url", url)
     sigv4 = _sigv4(r, m.get("sigv4"), f"{path}.sigv4")
     headers: dict[str, str] = {}
@@ -274,7 +278,7 @@ def _destination(r: _Reader, node: Node, path: str) -> DestinationConfig:
     dry_run = r.boolean(m.get("dry_run"), f"{path}.dry_run", False)
     headers_ro = types.MappingProxyType(headers)
     return DestinationConfig(
-        name, url, sigv4, headers_ro, write_relabel, prune, aggregate, limits, queue, dry_run
+        name or "", url or "", sigv4, headers_ro, write_relabel, prune, aggregate, limits, queue, dry_run
     )
 
 
@@ -282,8 +286,8 @@ def _sigv4(r: _Reader, node: Node | None, path: str) -> SigV4Config | None:
     m = r.mapping(node, path, ("region", "role_arn", "external_id", "profile", "service"))
     if m is None or node is None:
         return None
-    region = r.string(r.require(m, node, path, "region"), f"{path}.region", "")
-    if "region" in m and region and not re.fullmatch(r"[a-z0-9-]+", region):
+    region = r.required_string(m, node, path, "region")
+    if region is not None and not re.fullmatch(r"[a-z0-9-]+", region):
         r.error(m["region"], f"{path}.region", f'invalid region "{region}"')
     role = r.optional_string(m.get("role_arn"), f"{path}.role_arn")
     if role is not None and not (role.startswith("arn:") and ":role/" in role):
@@ -297,15 +301,15 @@ def _sigv4(r: _Reader, node: Node | None, path: str) -> SigV4Config | None:
         r.error(m["external_id"], f"{path}.external_id", "requires role_arn")
     profile = r.optional_string(m.get("profile"), f"{path}.profile")
     service = r.string(m.get("service"), f"{path}.service", "aps")
-    return SigV4Config(region, role, external_id, profile, service)
+    return SigV4Config(region or "", role, external_id, profile, service)
 
 
 def _aggregate(r: _Reader, node: Node, path: str) -> AggregateConfig:
     m = r.mapping(node, path, ("match", "without", "by", "interval", "outputs"))
     if m is None:
         return AggregateConfig("")
-    match = r.string(r.require(m, node, path, "match"), f"{path}.match", "")
-    if "match" in m and match:
+    match = r.required_string(m, node, path, "match")
+    if match is not None:
         try:
             parse_selector(match)
         except SelectorError as e:
@@ -329,7 +333,7 @@ def _aggregate(r: _Reader, node: Node, path: str) -> AggregateConfig:
             outputs.append(out)
     if isinstance(m.get("outputs"), SequenceNode) and not r.sequence(m["outputs"], ""):
         r.error(m["outputs"], f"{path}.outputs", "must list at least one output")
-    return AggregateConfig(match, without, by, interval, tuple(outputs))
+    return AggregateConfig(match or "", without, by, interval, tuple(outputs))
 
 
 def _queue(r: _Reader, node: Node | None, path: str) -> QueueConfig:
@@ -516,6 +520,13 @@ class _Reader:
             return str(node.value)
         self.type_error(node, path, expected)
         return None
+
+    def required_string(self, m: dict[str, Node], parent: Node, path: str, key: str) -> str | None:
+        """The string at ``m[key]``; None (and an issue) when it is missing, null or not a string."""
+        node, kpath = self.require(m, parent, path, key), f"{path}.{key}" if path else key
+        if node is not None and self.is_absent(node):
+            self.type_error(node, kpath, "a string")
+        return self.optional_string(node, kpath)
 
     def string(self, node: Node | None, path: str, default: str) -> str:
         value = self.optional_string(node, path)

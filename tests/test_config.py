@@ -272,6 +272,27 @@ BAD_CONFIGS = {
             'relay.yaml:8: scrape[1].job_name: duplicate job_name "j" (first at line 2)',
         ],
     ),
+    "empty strings": (
+        "storage: {path: ''}\nscrape: [{job_name: ''}]\ndestinations:\n  - name: ''\n    url: ''\n"
+        "    sigv4: {region: ''}\n    aggregate: [{match: '', by: [a], interval: 1s, outputs: [sum]}]\n",
+        [
+            "relay.yaml:1: storage.path: must not be empty",
+            "relay.yaml:2: scrape[0].job_name: must not be empty",
+            'relay.yaml:4: destinations[0].name: invalid name "": use letters, digits, "_" and "-" only',
+            'relay.yaml:5: destinations[0].url: URL scheme must be http or https, got ""',
+            'relay.yaml:6: destinations[0].sigv4.region: invalid region ""',
+            "relay.yaml:7: destinations[0].aggregate[0].match: "
+            "invalid selector: empty selector (at position 0)",
+        ],
+    ),
+    "null required string": (
+        "destinations:\n  - name:\n    url: http://h/\n",
+        ["relay.yaml:2: destinations[0].name: expected a string, got null"],
+    ),
+    "non-string key": (
+        "server: {[a]: 1}\n" + D,
+        ["relay.yaml:1: server: keys must be strings, got a list"],
+    ),
     "top level is a list": ("- a\n", ["relay.yaml:1: expected a mapping, got a list"]),
     "empty file": ("", ["relay.yaml:1: empty config: at least one destination is required"]),
     "two documents": (D + "---\n" + D, ["relay.yaml:4: invalid YAML: but found another document"]),
