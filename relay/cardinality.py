@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import operator
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -169,14 +170,22 @@ class SeriesTracker:
             del self._slots[key]
         series = self._series
         per_slot = collections.Counter(filter(dead.__contains__, series.values()))
-        gone = list(itertools.compress(series.keys(), map(dead.__contains__, series.values())))
-        collections.deque(map(series.__delitem__, gone), maxlen=0)
+        n_dead = sum(per_slot.values())
+        if n_dead * 2 > len(series):  # mostly dead: copying the survivors is cheaper, and compacts
+            alive = list(map(dead.__contains__, series.values()))
+            alive = list(map(operator.not_, alive))
+            self._series = dict(zip(itertools.compress(series.keys(), alive),
+                                    itertools.compress(series.values(), alive), strict=False))
+            self._peak = len(self._series)
+        else:
+            gone = list(itertools.compress(series.keys(), map(dead.__contains__, series.values())))
+            collections.deque(map(series.__delitem__, gone), maxlen=0)
+            if len(series) < self._peak // 2:  # dicts never shrink on delete: rebuild to give memory back
+                self._series = dict(series)
+                self._peak = len(self._series)
         for slot, n in per_slot.items():
             self._decrement(slot.metric, n)
-        if len(series) < self._peak // 2:  # dicts never shrink on delete: rebuild to give memory back
-            self._series = dict(series)
-            self._peak = len(self._series)
-        return len(gone)
+        return n_dead
 
     def _expire_values(self, cutoff: int) -> None:
         for metric in list(self._values):
