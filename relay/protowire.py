@@ -69,7 +69,10 @@ def encode_int64(value: int) -> bytes:
 
 def encode_len(field: int, payload: bytes) -> bytes:
     """One LEN field: tag, length, payload."""
-    return encode_uvarint(field << 3 | 2) + encode_uvarint(len(payload)) + payload
+    n = len(payload)
+    if field < 16 and n < 0x80:
+        return bytes((field << 3 | 2, n)) + payload
+    return encode_uvarint(field << 3 | 2) + encode_uvarint(n) + payload
 
 
 def read_len(buf: bytes, pos: int, end: int) -> tuple[int, int]:

@@ -1,22 +1,30 @@
 """Remote-Write 2.0 to 1.0: ``io.prometheus.write.v2.Request`` bytes into ``prometheus.WriteRequest`` bytes.
 
-Walked by hand like the RW1 path, so sample and histogram values are copied as bytes and NaN bit
-patterns (stale markers) survive. Field numbers (prompb/io/prometheus/write/v2/types.proto):
-Request symbols=4 timeseries=5; TimeSeries labels_refs=1 samples=2 histograms=3 exemplars=4
-metadata=5; Sample value=1 timestamp=2 start_timestamp=3 (dropped); Histogram = v1 fields 1-16 plus
-start_timestamp=17 (dropped); Exemplar labels_refs=1 value=2 timestamp=3; Metadata type=1
-help_ref=3 unit_ref=4. RW1 side: TimeSeries labels=1 samples=2 exemplars=3 histograms=4;
-WriteRequest metadata=3 as MetricMetadata type=1 metric_family_name=2 help=4 unit=5.
+The v2 request is parsed by protobuf's C parser (upb) and the v1 bytes are written by hand: sample
+values go float -> ``struct.pack`` unchanged, so NaN bit patterns (stale markers) survive, and
+histograms are re-serialised without ``start_timestamp`` (v1 and v2 Histogram share fields 1-16).
+A per-request cache maps each (name ref, value ref) pair to its encoded v1 Label entry, since most
+pairs (Hostname, driver version, job...) repeat across a request's series.
+RW1 fields: TimeSeries labels=1 samples=2 exemplars=3 histograms=4; WriteRequest metadata=3 as
+MetricMetadata type=1 metric_family_name=2 help=4 unit=5; Exemplar labels=1 value=2 timestamp=3.
 """
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from relay.protowire import WireError, encode_len, encode_uvarint, fields, malformed, uvarint
+from google.protobuf.message import DecodeError
+
+from relay.proto import remote_v2_pb2 as v2pb
+from relay.protowire import WireError, encode_int64, encode_len, encode_uvarint
 
 _HISTOGRAM_TYPES = (3, 4)  # HISTOGRAM, GAUGEHISTOGRAM: classic series carry _bucket/_count/_sum
 _SUMMARY_TYPE = 5
+_DOUBLE = struct.Struct("<d")
+_ZERO8 = bytes(8)
+_U1 = [bytes((i,)) for i in range(128)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,156 +36,128 @@ class V2Counts:
     exemplars: int
 
 
+class _Symbols:
+    """The request's symbol table with validated refs and cached encoded Label entries."""
+
+    def __init__(self, symbols: Sequence[str]) -> None:
+        if symbols and symbols[0] != "":
+            raise WireError(400, "invalid symbols table: symbols[0] must be the empty string")
+        self.text = symbols
+        self.raw = [s.encode() for s in symbols]
+        self.entries: dict[int, tuple[bytes, bytes]] = {}
+
+    def labels(self, refs: Sequence[int], what: str) -> bytes:
+        """Concatenated v1 Label entries for name/value ref pairs, sorted by name."""
+        if len(refs) % 2:
+            raise WireError(400, f"invalid {what} labels_refs: odd count {len(refs)}")
+        it = iter(refs)
+        try:
+            out = [self.entries[n << 32 | v] for n, v in zip(it, it, strict=True)]
+        except KeyError:
+            it = iter(refs)
+            out = [self._entry(n, v, what) for n, v in zip(it, it, strict=True)]
+        out.sort()
+        return b"".join([e for _, e in out])
+
+    def _entry(self, name_ref: int, value_ref: int, what: str) -> tuple[bytes, bytes]:
+        key = name_ref << 32 | value_ref
+        entry = self.entries.get(key)
+        if entry is not None:
+            return entry
+        n = len(self.raw)
+        if name_ref >= n or value_ref >= n:
+            bad = name_ref if name_ref >= n else value_ref
+            raise WireError(400, f"invalid {what} labels_refs: ref {bad} out of range ({n} symbols)")
+        name, value = self.raw[name_ref], self.raw[value_ref]
+        inner = (encode_len(1, name) if name else b"") + (encode_len(2, value) if value else b"")
+        entry = self.entries[key] = (name, encode_len(1, inner))
+        return entry
+
+    def get(self, ref: int, what: str) -> str:
+        if ref >= len(self.text):
+            raise WireError(400, f"invalid {what}: ref {ref} out of range ({len(self.text)} symbols)")
+        return self.text[ref]
+
+
 def v2_to_v1(raw: bytes) -> tuple[bytes, V2Counts]:
     """Transcode a v2 Request: labels resolved and sorted, metadata as deduplicated MetricMetadata."""
-    raw = bytes(raw)
-    symbols: list[bytes] = []
-    spans: list[tuple[int, int]] = []
-    for number, wire_type, _, start, end in fields(raw, 0, len(raw)):
-        if number in (4, 5) and wire_type != 2:
-            raise malformed(f"Request field {number} with wire type {wire_type}")
-        if number == 4:
-            symbols.append(raw[start:end])
-        elif number == 5:
-            spans.append((start, end))
-    if symbols and symbols[0] != b"":
-        raise WireError(400, "invalid symbols table: symbols[0] must be the empty string")
+    try:
+        request = v2pb.Request.FromString(raw)
+    except DecodeError:
+        raise WireError(400, "malformed protobuf: not a valid io.prometheus.write.v2.Request") from None
+    symbols = _Symbols(request.symbols)
     out: list[bytes] = []
-    metadata: dict[bytes, bytes] = {}
+    metadata: dict[str, bytes] = {}
     samples = histograms = exemplars = 0
-    for start, end in spans:
-        series, ns, nh, nx, meta = _series(raw, start, end, symbols)
-        out.append(series)
-        samples, histograms, exemplars = samples + ns, histograms + nh, exemplars + nx
-        if meta is not None and meta[0] not in metadata:
-            metadata[meta[0]] = meta[1]
+    pack = _DOUBLE.pack
+    stamps: dict[int, bytes] = {}  # timestamp -> encoded field 2; a request repeats a few timestamps
+    for ts in request.timeseries:
+        labels = symbols.labels(ts.labels_refs, "series")
+        rest = []
+        for s in ts.samples:  # value=1 timestamp=2; start_timestamp dropped
+            bits = pack(s.value)
+            inner = b"" if bits == _ZERO8 else b"\x09" + bits
+            t = s.timestamp
+            if t:
+                stamp = stamps.get(t)
+                if stamp is None:
+                    stamp = stamps[t] = b"\x10" + encode_int64(t)
+                inner += stamp
+            rest.append(b"\x12" + _U1[len(inner)] + inner)  # a Sample is at most 20 bytes
+        for e in ts.exemplars:
+            rest.append(encode_len(3, _exemplar(e, symbols)))
+        for h in ts.histograms:
+            h.ClearField("start_timestamp")
+            rest.append(encode_len(4, h.SerializeToString()))
+        out.append(encode_len(1, labels + b"".join(rest)))
+        samples += len(ts.samples)
+        exemplars += len(ts.exemplars)
+        histograms += len(ts.histograms)
+        if ts.HasField("metadata"):
+            meta = _metadata(ts, symbols)
+            if meta is not None and meta[0] not in metadata:
+                metadata[meta[0]] = meta[1]
     out.extend(metadata.values())
     return b"".join(out), V2Counts(samples, histograms, exemplars)
 
 
-def _series(
-    raw: bytes, start: int, end: int, symbols: list[bytes]
-) -> tuple[bytes, int, int, int, tuple[bytes, bytes] | None]:
-    """One v2 TimeSeries as a wrapped v1 entry, its counts and its (family, MetricMetadata entry)."""
-    refs: list[int] = []
-    rest: list[bytes] = []
-    ns = nh = nx = 0
-    meta_span: tuple[int, int] | None = None
-    for number, wire_type, _, vs, ve in fields(raw, start, end):
-        if number == 1:
-            _read_refs(raw, wire_type, vs, ve, refs)
-            continue
-        if number in (2, 3, 4, 5) and wire_type != 2:
-            raise malformed(f"TimeSeries field {number} with wire type {wire_type}")
-        if number == 2:
-            rest.append(encode_len(2, _without_field(raw, vs, ve, 3)))
-            ns += 1
-        elif number == 3:
-            rest.append(encode_len(4, _without_field(raw, vs, ve, 17)))
-            nh += 1
-        elif number == 4:
-            rest.append(encode_len(3, _exemplar(raw, vs, ve, symbols)))
-            nx += 1
-        elif number == 5:
-            meta_span = (vs, ve)
-    pairs = _resolve(refs, symbols, "series")
-    pairs.sort(key=lambda nv: nv[0])
-    labels = b"".join([_label(n, v) for n, v in pairs])
-    meta = None if meta_span is None else _metadata(raw, *meta_span, pairs, symbols)
-    return encode_len(1, labels + b"".join(rest)), ns, nh, nx, meta
+def _exemplar(e: v2pb.Exemplar, symbols: _Symbols) -> bytes:
+    body = symbols.labels(e.labels_refs, "exemplar")
+    bits = _DOUBLE.pack(e.value)
+    if bits != _ZERO8:
+        body += b"\x11" + bits
+    if e.timestamp:
+        body += b"\x18" + encode_int64(e.timestamp)
+    return body
 
 
-def _read_refs(raw: bytes, wire_type: int, start: int, end: int, refs: list[int]) -> None:
-    if wire_type == 0:
-        refs.append(uvarint(raw, start)[0])
-    elif wire_type == 2:  # packed
-        pos = start
-        while pos < end:
-            ref, pos = uvarint(raw, pos)
-            refs.append(ref)
-        if pos != end:
-            raise malformed("packed label refs past their end")
-    else:
-        raise malformed(f"labels_refs with wire type {wire_type}")
-
-
-def _resolve(refs: list[int], symbols: list[bytes], what: str) -> list[tuple[bytes, bytes]]:
-    if len(refs) % 2:
-        raise WireError(400, f"invalid {what} labels_refs: odd count {len(refs)}")
-    n = len(symbols)
-    for ref in refs:
-        if ref >= n:
-            raise WireError(400, f"invalid {what} labels_refs: ref {ref} out of range ({n} symbols)")
-    return [(symbols[refs[i]], symbols[refs[i + 1]]) for i in range(0, len(refs), 2)]
-
-
-def _label(name: bytes, value: bytes) -> bytes:
-    inner = (encode_len(1, name) if name else b"") + (encode_len(2, value) if value else b"")
-    return encode_len(1, inner)
-
-
-def _without_field(raw: bytes, start: int, end: int, drop: int) -> bytes:
-    """The message bytes with every occurrence of field ``drop`` removed (unchanged bytes if none)."""
-    parts = fields(raw, start, end)
-    if all(number != drop for number, *_ in parts):
-        return raw[start:end]
-    return b"".join([raw[ts:stop] for number, _, ts, _, stop in parts if number != drop])
-
-
-def _exemplar(raw: bytes, start: int, end: int, symbols: list[bytes]) -> bytes:
-    refs: list[int] = []
-    other: list[bytes] = []
-    for number, wire_type, tag_start, vs, ve in fields(raw, start, end):
-        if number == 1:
-            _read_refs(raw, wire_type, vs, ve, refs)
-        else:
-            other.append(raw[tag_start:ve])
-    labels = b"".join([_label(n, v) for n, v in _resolve(refs, symbols, "exemplar")])
-    return labels + b"".join(other)
-
-
-def _metadata(
-    raw: bytes, start: int, end: int, pairs: list[tuple[bytes, bytes]], symbols: list[bytes]
-) -> tuple[bytes, bytes] | None:
+def _metadata(ts: v2pb.TimeSeries, symbols: _Symbols) -> tuple[str, bytes] | None:
     """(family name, WriteRequest field-3 MetricMetadata entry), or None when there is nothing to say."""
-    mtype, help_ref, unit_ref = 0, 0, 0
-    for number, wire_type, _, vs, _ve in fields(raw, start, end):
-        if wire_type == 0 and number in (1, 3, 4):
-            value = uvarint(raw, vs)[0]
-            if number == 1:
-                mtype = value
-            elif number == 3:
-                help_ref = value
-            else:
-                unit_ref = value
-    help_text, unit = _symbol(help_ref, symbols), _symbol(unit_ref, symbols)
-    name = next((v for n, v in pairs if n == b"__name__"), b"")
-    if not name or (mtype == 0 and not help_text and not unit):
+    md = ts.metadata
+    help_text = symbols.get(md.help_ref, "metadata help_ref")
+    unit = symbols.get(md.unit_ref, "metadata unit_ref")
+    refs = ts.labels_refs
+    name = next(
+        (symbols.text[refs[i + 1]] for i in range(0, len(refs), 2) if symbols.text[refs[i]] == "__name__"), ""
+    )
+    if not name or (md.type == 0 and not help_text and not unit):
         return None
-    family = _family(name, mtype)
-    body = (b"\x08" + encode_uvarint(mtype) if mtype else b"") + encode_len(2, family)
+    family = _family(name, md.type)
+    body = (b"\x08" + encode_uvarint(md.type) if md.type else b"") + encode_len(2, family.encode())
     if help_text:
-        body += encode_len(4, help_text)
+        body += encode_len(4, help_text.encode())
     if unit:
-        body += encode_len(5, unit)
+        body += encode_len(5, unit.encode())
     return family, encode_len(3, body)
 
 
-def _symbol(ref: int, symbols: list[bytes]) -> bytes:
-    if ref == 0:
-        return b""
-    if ref >= len(symbols):
-        raise WireError(400, f"invalid metadata: ref {ref} out of range ({len(symbols)} symbols)")
-    return symbols[ref]
-
-
-def _family(name: bytes, mtype: int) -> bytes:
+def _family(name: str, mtype: int) -> str:
     """Family name of a classic histogram/summary series (suffix removed); other names as they are."""
-    suffixes: tuple[bytes, ...] = ()
+    suffixes: tuple[str, ...] = ()
     if mtype in _HISTOGRAM_TYPES:
-        suffixes = (b"_bucket", b"_count", b"_sum")
+        suffixes = ("_bucket", "_count", "_sum")
     elif mtype == _SUMMARY_TYPE:
-        suffixes = (b"_count", b"_sum")
+        suffixes = ("_count", "_sum")
     for suffix in suffixes:
         if name.endswith(suffix) and len(name) > len(suffix):
             return name[: -len(suffix)]

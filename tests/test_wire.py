@@ -453,6 +453,24 @@ def test_v2_to_v1_keeps_stale_marker_bits() -> None:
     assert struct.pack("<Q", STALE_BITS) in v1 and counts.samples == 1
 
 
+@given(st.lists(st.tuples(timestamps, floats), min_size=1, max_size=5))
+def test_v2_to_v1_keeps_every_sample_bit_pattern(samples: list[tuple[int, float]]) -> None:
+    req = v2pb.Request(symbols=["", "__name__", "m"])
+    series = req.timeseries.add(labels_refs=[1, 2])
+    for ts, value in samples:
+        series.samples.add(timestamp=ts, value=value)
+    v1, _ = wire.v2_to_v1(req.SerializeToString())
+    [(_, got)] = wire.decode_write_request(v1)
+    assert [(ts, bits(v)) for ts, v in got] == [(ts, bits(v)) for ts, v in samples]
+
+
+def test_v2_to_v1_invalid_utf8_symbol_is_400() -> None:
+    raw = encode_len(4, b"") + encode_len(4, b"\xff") + encode_len(5, b"\x0a\x02\x01\x01")
+    with pytest.raises(wire.WireError) as err:
+        wire.v2_to_v1(raw)
+    assert err.value.status == 400
+
+
 def test_v2_metadata_uses_the_family_name_of_classic_histograms() -> None:
     req = v2pb.Request(symbols=["", "__name__", "lat_bucket", "lat_sum", "help"])
     for name_ref in (2, 3):
