@@ -3,6 +3,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 from relay.cardinality import CardinalityMetrics, DestinationStats, SeriesTracker
@@ -192,3 +194,24 @@ def test_metrics_expose_active_series_and_drops() -> None:
     assert 'gpu_relay_series_limit_dropped_total{destination="amp",limit="max_series",metric="m"} 1.0' in text
     metrics.untrack("amp")
     assert "gpu_relay_active_series{" not in generate_latest(registry).decode()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.sampled_from("abc"), st.integers(0, 30), st.booleans()),
+                max_size=120))
+def test_tracker_matches_a_naive_model_of_last_seen_times(steps: list[tuple[int, str, int, bool]]) -> None:
+    clock = Clock(0.0)
+    t = tracker(clock)  # 60 s window, 1 s slots
+    last: dict[int, tuple[str, int]] = {}  # series -> (metric, slot last seen)
+    for sid, metric, advance, sweep in steps:
+        clock.t += advance
+        gen = int(clock.t)
+        was_active = sid in last and gen - last[sid][1] <= 60
+        assert t.observe(sid, metric) is (not was_active)
+        last[sid] = (last[sid][0] if was_active else metric, gen)
+        if sweep:
+            t.expire()
+            last = {s: v for s, v in last.items() if v[1] >= gen - 60}
+            assert t.active() == len(last)
+            for m in "abc":
+                assert t.active_for_metric(m) == sum(1 for v in last.values() if v[0] == m)
