@@ -10,7 +10,9 @@ scripted answer, if any (500, 429 + Retry-After, 400, 403 "expired" ...), else t
     with SigV4Receiver("AKID", "SECRET", region="us-east-1", service="aps") as rx:
         rx.script([500, Scripted(429, {"Retry-After": "1"})])
         ... send to rx.url ...
-        rx.series(), rx.requests
+        rx.series()      # label sets received, in order: [(("__name__", "up"), ...), ...]
+        rx.samples()     # [(labels, ((timestamp_ms, value), ...)), ...]
+        rx.requests, rx.accepted, rx.rejected
 """
 
 from __future__ import annotations
@@ -156,10 +158,27 @@ class SigV4Receiver:
         with self._lock:
             return list(self._requests)
 
-    def series(self) -> list[Series]:
-        """Every series of every accepted request, in arrival order."""
+    def series(self) -> list[Labels]:
+        """The label set of every series of every accepted request, in arrival order."""
+        with self._lock:
+            return [labels for labels, _ in self._series]
+
+    def samples(self) -> list[Series]:
+        """(labels, ((timestamp_ms, value), ...)) for every series received, in arrival order."""
         with self._lock:
             return list(self._series)
+
+    @property
+    def accepted(self) -> int:
+        """Requests answered 2xx."""
+        with self._lock:
+            return sum(1 for r in self._requests if 200 <= r.status < 300)
+
+    @property
+    def rejected(self) -> int:
+        """Requests refused because their signature (or credentials) did not verify."""
+        with self._lock:
+            return sum(1 for r in self._requests if r.reason not in ("ok", "scripted") and r.status == 403)
 
     def start(self) -> SigV4Receiver:
         self._thread = threading.Thread(

@@ -7,8 +7,11 @@ and instance metadata are switched off.
 from __future__ import annotations
 
 import datetime
+import http.server
 import logging
+import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,7 @@ from relay.queue import DurableQueue
 from relay.sender import Sender, SenderSettings
 from relay.sigv4 import SigV4Auth, SigV4ConfigError
 from relay.transport import RequestsTransport
-from tests.sigv4_receiver import EXPIRED_BODY, Scripted, SigV4Receiver
+from tests.sigv4_receiver import EXPIRED_BODY, Scripted, SigV4Receiver, verify_sigv4
 
 AK, SK, TOKEN = "AKIDTESTENV", "secret/env/key+1", "session-token-env"
 
@@ -106,7 +109,8 @@ def test_env_credentials_sign_a_request_the_receiver_verifies(env_creds: None, r
     assert req.reason == "ok" and req.access_key == AK
     assert req.headers["x-amz-security-token"] == TOKEN
     labels = (("__name__", "DCGM_FI_DEV_GPU_UTIL"), ("gpu", "0"))
-    assert rx.series() == [(labels, ((1_700_000_000_000, 42.0),))]
+    assert rx.samples() == [(labels, ((1_700_000_000_000, 42.0),))]
+    assert rx.series() == [labels] and (rx.accepted, rx.rejected) == (1, 0)
 
 
 def test_sender_delivers_through_sigv4_with_required_headers_signed(
@@ -116,7 +120,7 @@ def test_sender_delivers_through_sigv4_with_required_headers_signed(
     body = snappy.compress(write_request("m", 1.0) + write_request("n", 2.0))
     result = sender.send_batch(body, 2, time.time())
     assert result.ok and result.status == 204
-    assert [labels[0][1] for labels, _ in rx.series()] == ["m", "n"]
+    assert [dict(labels)["__name__"] for labels in rx.series()] == ["m", "n"]
     signed = rx.requests[0].headers["authorization"].split("SignedHeaders=")[1].split(",")[0].split(";")
     must = {"host", "content-type", "x-amz-date", "x-amz-content-sha256", "x-amz-security-token"}
     assert must <= set(signed)
@@ -133,6 +137,7 @@ def test_wrong_secret_is_rejected_with_403_and_the_batch_dropped(
     result = sender.send_batch(snappy.compress(write_request("m", 1.0)), 1, time.time())
     assert (result.ok, result.status, result.reason, result.dropped_samples) == (False, 403, "http_403", 1)
     assert rx.requests[0].reason == "signature does not match" and rx.series() == []
+    assert (rx.accepted, rx.rejected) == (0, 1)
     sender.queue.close()
 
 
@@ -239,3 +244,74 @@ def test_force_refresh_rereads_static_env_credentials(monkeypatch: pytest.Monkey
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "new-secret")
         auth.force_refresh()
         assert post(rx.url, auth, write_request("m", 1.0)) == 204
+
+
+# -- assume role (role_arn, external_id) against a fake STS on loopback ------------------------
+ROLE_ARN = "arn:aws:iam::123456789012:role/amp-writer"
+STS_XML = """<AssumeRoleResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
+<AssumeRoleResult><Credentials><AccessKeyId>ASIAROLE</AccessKeyId><SecretAccessKey>role-secret</SecretAccessKey>
+<SessionToken>role-token</SessionToken><Expiration>{expiry}</Expiration></Credentials>
+<AssumedRoleUser><Arn>arn:aws:sts::123456789012:assumed-role/amp-writer/gpu-relay</Arn>
+<AssumedRoleId>AROAEXAMPLE:gpu-relay</AssumedRoleId></AssumedRoleUser></AssumeRoleResult>
+<ResponseMetadata><RequestId>test</RequestId></ResponseMetadata></AssumeRoleResponse>"""
+
+
+class FakeSTS:
+    """Answers AssumeRole with fixed credentials after checking the caller's own SigV4 signature."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[dict[str, list[str]], str]] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                creds = {AK: botocore.credentials.Credentials(AK, SK, TOKEN)}
+                ok, reason, _ = verify_sigv4("POST", f"http://{headers['host']}{self.path}", headers, body,
+                                             creds, "us-east-1", "sts")
+                outer.calls.append((urllib.parse.parse_qs(body.decode()), reason))
+                expiry = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1))
+                out = STS_XML.format(expiry=expiry.strftime("%Y-%m-%dT%H:%M:%SZ")).encode()
+                self.send_response(200 if ok else 403)
+                self.send_header("Content-Type", "text/xml")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02},
+                                       daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+def test_role_arn_assumes_the_role_with_external_id_and_signs_with_its_credentials(
+    env_creds: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sts = FakeSTS()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_STS", sts.url)
+    try:
+        with SigV4Receiver("ASIAROLE", "role-secret", token="role-token") as rx:
+            auth = SigV4Auth(region="us-east-1", role_arn=ROLE_ARN, external_id="ext-42")
+            assert auth.method == "assume-role"
+            assert post(rx.url, auth, write_request("m", 1.0)) == 204
+            assert post(rx.url, auth, write_request("m", 2.0)) == 204  # cached, not re-assumed
+    finally:
+        sts.close()
+    assert [r.access_key for r in rx.requests] == ["ASIAROLE", "ASIAROLE"]
+    [(form, reason)] = sts.calls
+    assert reason == "ok"  # the STS call itself was signed with the env (source) credentials
+    assert form["Action"] == ["AssumeRole"] and form["RoleArn"] == [ROLE_ARN]
+    assert form["ExternalId"] == ["ext-42"] and form["RoleSessionName"] == ["gpu-relay"]
