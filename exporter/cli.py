@@ -37,9 +37,12 @@ def make_backend(settings: Settings) -> GpuBackend:
         mod: Any = importlib.import_module(module)
     except ImportError as exc:
         raise BackendError(f"cannot load {module}: {exc}") from exc
+    cls = getattr(mod, "SimulatedBackend" if settings.backend == "simulated" else "NvmlBackend", None)
+    if cls is None:
+        raise BackendError(f"{module} provides no backend class")
     if settings.backend == "simulated":
-        return cast(GpuBackend, mod.SimulatedBackend(n_gpus=settings.simulate_gpus))
-    return cast(GpuBackend, mod.NvmlBackend())
+        return cast(GpuBackend, cls(n_gpus=settings.simulate_gpus))
+    return cast(GpuBackend, cls())
 
 
 def _pod_source(settings: Settings) -> tuple[Callable[[], Mapping[str, PodLabels]], Callable[[], int], Any]:
