@@ -193,15 +193,27 @@ class Sender:
                         self._stop.wait(_POLL)
                     continue
                 samples = sum(e.samples for e in entries)
-                if samples < s.max_samples_per_send:
-                    waited = self.clock() - entries[0].enqueued_at
-                    if waited < s.batch_send_deadline:
-                        self.queue.wait(shard, min(_POLL, s.batch_send_deadline - waited))
-                        continue  # peek again: more may have come
+                if samples < s.max_samples_per_send and self._more_before_deadline(shard, entries[0]):
+                    continue  # new entries came in: peek again for a fuller batch
+                if self._stop.is_set():
+                    break
                 self._ship(entries)
             except Exception:
                 log.exception("sender %s shard %d: unexpected error; retrying", self.name, shard)
                 self._stop.wait(1.0)
+
+    def _more_before_deadline(self, shard: int, oldest: Entry) -> bool:
+        """Wait for more entries while the oldest is younger than batch_send_deadline. True: more came;
+        False: the deadline passed (or we are stopping), send what we have."""
+        while not self._stop.is_set():
+            remaining = self.settings.batch_send_deadline - (self.clock() - oldest.enqueued_at)
+            if remaining <= 0:
+                return False
+            if self.queue.wait(shard, min(_POLL, remaining)):
+                return True
+            if self.queue.closed:
+                return False
+        return False
 
     def _ship(self, entries: list[Entry]) -> None:
         body = snappy.compress(b"".join(e.payload for e in entries))
