@@ -1,0 +1,410 @@
+"""A fake ``pynvml`` replaying the recorded H200 (exporter/data/h200.json), for NvmlBackend tests.
+
+It exposes the pynvml names NvmlBackend uses, with pynvml's own constants and ``NVMLError`` classes,
+counts every call (``calls``), and can be told to fail: ``init_error`` (an NVML error code for
+nvmlInit), ``fail[func] = code`` (that function raises), ``lost`` (GPUs answering GPU_IS_LOST),
+``unknown`` (GPUs answering NVML_ERROR_UNKNOWN to everything). ``xids`` queues XID events. The clock
+(seconds) drives energy, PCIe byte counters and field timestamps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml as _real
+
+REC: dict[str, Any] = json.loads(
+    resources.files("exporter").joinpath("data", "h200.json").read_text(encoding="utf-8")
+)
+MIB = 1048576
+
+
+@dataclass(frozen=True)
+class Handle:
+    gpu: int
+    gi: int | None = None
+
+
+@dataclass
+class Sample:
+    entity: Handle | None = None
+    taken: int = 0
+
+
+@dataclass
+class Metric:
+    metricId: int = 0
+    nvmlReturn: int = 0
+    value: float = 0.0
+
+
+@dataclass
+class MetricsGet:
+    version: int = 0
+    numMetrics: int = 0
+    sample1: Sample | None = None
+    sample2: Sample | None = None
+    metrics: list[Metric] = field(default_factory=lambda: [Metric() for _ in range(256)])
+
+
+def _value_obj(value_type: int, value: float) -> SimpleNamespace:
+    names = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+    attrs: dict[str, float] = dict.fromkeys(names, 0)
+    name = names[value_type]
+    attrs[name] = float(value) if value_type == 0 else int(value)
+    return SimpleNamespace(**attrs)
+
+
+class FakeNvml:
+    """One fake NVML library instance. ``mig`` maps a GPU to its instances' (gi id, slices, GiB)."""
+
+    def __init__(
+        self,
+        n_gpus: int = 1,
+        clock: Callable[[], float] | None = None,
+        mig: Mapping[int, Sequence[tuple[int, int, int]]] | None = None,
+        gpm_supported: bool = True,
+    ) -> None:
+        for name in dir(_real):
+            if name.startswith(("NVML_", "nvmlEventType", "nvmlMemory_v")) or name.startswith("NVMLError"):
+                setattr(self, name, getattr(_real, name))
+        self.n_gpus = n_gpus
+        self.now = 0.0
+        self.clock = clock or (lambda: self.now)
+        self.mig = dict(mig or {})
+        self.gpm_supported = gpm_supported
+        self.calls: Counter[str] = Counter()
+        self.init_error: int | None = None
+        self.fail: dict[str, int] = {}
+        self.lost: set[int] = set()
+        self.unknown: set[int] = set()
+        self.xids: list[tuple[int, int]] = []
+        self.registered: list[int] = []
+        self.field_requests: list[list[Any]] = []
+        self.load = REC["load"]
+        fv = REC["field_values_supported"]
+        self.fields: dict[int, tuple[int, float]] = {e["id"]: (e["type"], e["value"]) for e in fv.values()}
+        self.fields[_real.NVML_FI_DEV_MEMORY_TEMP] = (1, self.load["memory_temp"])
+        train = REC["gpm"]["training"]
+        self.gpm_values = {getattr(_real, "NVML_GPM_METRIC_" + k): v for k, v in train.items()}
+        self.gpm_values[_real.NVML_GPM_METRIC_INTEGER_UTIL] = REC["gpm"]["matmul"]["INTEGER_UTIL"]
+
+    # --- plumbing ----------------------------------------------------------------------------------
+
+    def _hit(self, name: str, handle: Handle | None = None) -> None:
+        self.calls[name] += 1
+        if handle is not None and handle.gpu in self.lost:
+            raise _real.NVMLError(_real.NVML_ERROR_GPU_IS_LOST)
+        if handle is not None and handle.gpu in self.unknown:
+            raise _real.NVMLError(_real.NVML_ERROR_UNKNOWN)
+        if name in self.fail:
+            raise _real.NVMLError(self.fail[name])
+
+    def _t(self) -> float:
+        return self.clock()
+
+    # --- system ------------------------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self.calls["nvmlInit"] += 1
+        if self.init_error is not None:
+            raise _real.NVMLError(self.init_error)
+
+    def nvmlShutdown(self) -> None:
+        self._hit("nvmlShutdown")
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._hit("nvmlSystemGetDriverVersion")
+        return str(REC["static"]["driver_version"])
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        self._hit("nvmlSystemGetNVMLVersion")
+        return str(REC["static"]["nvml_version"])
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._hit("nvmlDeviceGetCount")
+        return self.n_gpus
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Handle:
+        self._hit("nvmlDeviceGetHandleByIndex")
+        return Handle(index)
+
+    def nvmlDeviceGetIndex(self, h: Handle) -> int:
+        self._hit("nvmlDeviceGetIndex")
+        return h.gpu
+
+    # --- static ------------------------------------------------------------------------------------
+
+    def nvmlDeviceGetName(self, h: Handle) -> str:
+        self._hit("nvmlDeviceGetName", h)
+        return str(REC["static"]["name"])
+
+    def nvmlDeviceGetUUID(self, h: Handle) -> str:
+        self._hit("nvmlDeviceGetUUID", h)
+        base = str(REC["static"]["uuid"])
+        if h.gi is not None:
+            return f"MIG-{base[4:-4]}{h.gpu:02x}{h.gi:02x}"
+        return f"{base[:-2]}{h.gpu:02x}"
+
+    def nvmlDeviceGetPciInfo(self, h: Handle) -> SimpleNamespace:
+        self._hit("nvmlDeviceGetPciInfo", h)
+        return SimpleNamespace(busId=f"00000000:{0x18 + h.gpu:02X}:00.0".encode())
+
+    def nvmlDeviceGetMinorNumber(self, h: Handle) -> int:
+        self._hit("nvmlDeviceGetMinorNumber", h)
+        return h.gpu
+
+    def nvmlDeviceGetSerial(self, h: Handle) -> str:
+        self._hit("nvmlDeviceGetSerial", h)
+        return str(REC["static"]["serial"])
+
+    def nvmlDeviceGetVbiosVersion(self, h: Handle) -> str:
+        self._hit("nvmlDeviceGetVbiosVersion", h)
+        return str(REC["static"]["vbios"])
+
+    def nvmlDeviceGetInforomImageVersion(self, h: Handle) -> str:
+        self._hit("nvmlDeviceGetInforomImageVersion", h)
+        return str(REC["static"]["inforom_image"])
+
+    def nvmlDeviceGetInforomVersion(self, h: Handle, which: int) -> str:
+        self._hit("nvmlDeviceGetInforomVersion", h)
+        raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetBrand(self, h: Handle) -> int:
+        self._hit("nvmlDeviceGetBrand", h)
+        return int(REC["static"]["brand"])
+
+    def nvmlDeviceGetMaxClockInfo(self, h: Handle, kind: int) -> int:
+        self._hit("nvmlDeviceGetMaxClockInfo", h)
+        s = REC["static"]
+        return int(s["max_clock_sm"] if kind == _real.NVML_CLOCK_SM else s["max_clock_mem"])
+
+    def nvmlDeviceGetTemperatureThreshold(self, h: Handle, kind: int) -> int:
+        self._hit("nvmlDeviceGetTemperatureThreshold", h)
+        s = REC["static"]
+        slowdown = kind == _real.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+        return int(s["temperature_slowdown"] if slowdown else s["temperature_shutdown"])
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: Handle) -> int:
+        self._hit("nvmlDeviceGetMaxPcieLinkGeneration", h)
+        return 5
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: Handle) -> int:
+        self._hit("nvmlDeviceGetMaxPcieLinkWidth", h)
+        return 16
+
+    def nvmlDeviceGetPowerManagementLimit(self, h: Handle) -> int:
+        self._hit("nvmlDeviceGetPowerManagementLimit", h)
+        return int(REC["static"]["power_limit_mw"])
+
+    # --- per pass ----------------------------------------------------------------------------------
+
+    def nvmlDeviceGetUtilizationRates(self, h: Handle) -> SimpleNamespace:
+        self._hit("nvmlDeviceGetUtilizationRates", h)
+        if h.gpu in self.mig:
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(**self.load["utilization"])
+
+    def nvmlDeviceGetMemoryInfo(self, h: Handle, version: int | None = None) -> SimpleNamespace:
+        self._hit("nvmlDeviceGetMemoryInfo", h)
+        if h.gi is not None:
+            _gi, _slices, gib = next(m for m in self.mig[h.gpu] if m[0] == h.gi)
+            total = gib * 1024 * MIB - 300 * MIB
+            return SimpleNamespace(total=total, used=total // 4, free=total - total // 4, reserved=0)
+        return SimpleNamespace(**self.load["memory_v2"])
+
+    def nvmlDeviceGetPowerUsage(self, h: Handle) -> int:
+        self._hit("nvmlDeviceGetPowerUsage", h)
+        return int(self.load["power_mw"])
+
+    def nvmlDeviceGetTemperature(self, h: Handle, sensor: int) -> int:
+        self._hit("nvmlDeviceGetTemperature", h)
+        return int(self.load["temp"])
+
+    def nvmlDeviceGetClockInfo(self, h: Handle, kind: int) -> int:
+        self._hit("nvmlDeviceGetClockInfo", h)
+        clocks = {_real.NVML_CLOCK_SM: self.load["clock_sm"], _real.NVML_CLOCK_MEM: self.load["clock_mem"]}
+        return int(clocks.get(kind, 1755))
+
+    def nvmlDeviceGetEncoderUtilization(self, h: Handle) -> list[int]:
+        self._hit("nvmlDeviceGetEncoderUtilization", h)
+        return [0, 100000]
+
+    def nvmlDeviceGetDecoderUtilization(self, h: Handle) -> list[int]:
+        self._hit("nvmlDeviceGetDecoderUtilization", h)
+        return [0, 100000]
+
+    def nvmlDeviceGetPerformanceState(self, h: Handle) -> int:
+        self._hit("nvmlDeviceGetPerformanceState", h)
+        return 0
+
+    def nvmlDeviceGetFanSpeed(self, h: Handle) -> int:
+        self._hit("nvmlDeviceGetFanSpeed", h)
+        raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: Handle) -> int:
+        self._hit("nvmlDeviceGetCurrentClocksEventReasons", h)
+        return int(self.load["clocks_event_reasons"])
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: Handle) -> int:
+        self._hit("nvmlDeviceGetCurrPcieLinkGeneration", h)
+        return 5
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: Handle) -> int:
+        self._hit("nvmlDeviceGetCurrPcieLinkWidth", h)
+        return 16
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: Handle) -> int:
+        self._hit("nvmlDeviceGetEnforcedPowerLimit", h)
+        return int(REC["static"]["power_limit_mw"])
+
+    def nvmlDeviceGetPcieThroughput(self, h: Handle, counter: int) -> int:
+        self._hit("nvmlDeviceGetPcieThroughput", h)  # 20 ms on real hardware: must never be called
+        return 705
+
+    def nvmlDeviceGetNvLinkState(self, h: Handle, link: int) -> int:
+        self._hit("nvmlDeviceGetNvLinkState", h)
+        raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetFieldValues(self, h: Handle, ids: list[Any]) -> list[SimpleNamespace]:
+        self._hit("nvmlDeviceGetFieldValues", h)
+        self.field_requests.append(list(ids))
+        t = self._t()
+        out = []
+        for entry in ids:
+            fid, scope = entry if isinstance(entry, tuple) else (entry, 0)
+            known = self.fields.get(fid)
+            if known is None:
+                out.append(
+                    SimpleNamespace(
+                        fieldId=fid,
+                        scopeId=scope,
+                        nvmlReturn=3,
+                        valueType=0,
+                        timestamp=0,
+                        value=_value_obj(0, 0),
+                    )
+                )
+                continue
+            vtype, value = known
+            if fid == _real.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
+                value = self.load["energy_mj"] + int(t * self.load["power_mw"])  # mW * s = mJ
+            elif fid == _real.NVML_FI_DEV_PCIE_COUNT_TX_BYTES:
+                value = value + int(t * 5 * MIB)
+            elif fid == _real.NVML_FI_DEV_PCIE_COUNT_RX_BYTES:
+                value = value + int(t * 13 * MIB)
+            out.append(
+                SimpleNamespace(
+                    fieldId=fid,
+                    scopeId=scope,
+                    nvmlReturn=0,
+                    valueType=vtype,
+                    timestamp=int(t * 1e6),
+                    value=_value_obj(vtype, value),
+                )
+            )
+        return out
+
+    # --- GPM ---------------------------------------------------------------------------------------
+
+    def nvmlGpmQueryDeviceSupport(self, h: Handle) -> SimpleNamespace:
+        self._hit("nvmlGpmQueryDeviceSupport", h)
+        return SimpleNamespace(version=1, isSupportedDevice=int(self.gpm_supported))
+
+    def nvmlGpmSampleAlloc(self) -> Sample:
+        self._hit("nvmlGpmSampleAlloc")
+        return Sample()
+
+    def nvmlGpmSampleFree(self, sample: Sample) -> None:
+        self._hit("nvmlGpmSampleFree")
+
+    def nvmlGpmSampleGet(self, h: Handle, sample: Sample) -> Sample:
+        self._hit("nvmlGpmSampleGet", h)
+        sample.entity, sample.taken = h, self.calls["nvmlGpmSampleGet"] + self.calls["nvmlGpmMigSampleGet"]
+        return sample
+
+    def nvmlGpmMigSampleGet(self, h: Handle, gi: int, sample: Sample) -> Sample:
+        self._hit("nvmlGpmMigSampleGet", h)
+        sample.entity, sample.taken = (
+            Handle(h.gpu, gi),
+            self.calls["nvmlGpmSampleGet"] + self.calls["nvmlGpmMigSampleGet"],
+        )
+        return sample
+
+    def c_nvmlGpmMetricsGet_t(self) -> MetricsGet:
+        return MetricsGet()
+
+    def nvmlGpmMetricsGet(self, req: MetricsGet) -> MetricsGet:
+        self._hit("nvmlGpmMetricsGet", req.sample2.entity if req.sample2 else None)
+        assert req.sample1 is not None and req.sample2 is not None and req.sample1 is not req.sample2
+        assert req.sample1.entity == req.sample2.entity and req.sample1.taken < req.sample2.taken
+        share = 0.5 if req.sample2.entity is not None and req.sample2.entity.gi is not None else 1.0
+        for m in req.metrics[: req.numMetrics]:
+            if m.metricId in self.gpm_values:
+                m.nvmlReturn, m.value = 0, self.gpm_values[m.metricId] * share
+            else:
+                m.nvmlReturn, m.value = _real.NVML_ERROR_NOT_SUPPORTED, 0.0
+        return req
+
+    # --- MIG ---------------------------------------------------------------------------------------
+
+    def nvmlDeviceGetMigMode(self, h: Handle) -> list[int]:
+        self._hit("nvmlDeviceGetMigMode", h)
+        return [1, 1] if h.gpu in self.mig else [0, 0]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: Handle) -> int:
+        self._hit("nvmlDeviceGetMaxMigDeviceCount", h)
+        return 7 if h.gpu in self.mig else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Handle, index: int) -> Handle:
+        self._hit("nvmlDeviceGetMigDeviceHandleByIndex", h)
+        instances = self.mig.get(h.gpu, ())
+        if index >= len(instances):
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
+        return Handle(h.gpu, instances[index][0])
+
+    def nvmlDeviceGetGpuInstanceId(self, h: Handle) -> int:
+        self._hit("nvmlDeviceGetGpuInstanceId", h)
+        assert h.gi is not None
+        return h.gi
+
+    def nvmlDeviceGetAttributes(self, h: Handle) -> SimpleNamespace:
+        self._hit("nvmlDeviceGetAttributes", h)
+        _gi, slices, _gib = next(m for m in self.mig[h.gpu] if m[0] == h.gi)
+        return SimpleNamespace(gpuInstanceSliceCount=slices)
+
+    # --- events ------------------------------------------------------------------------------------
+
+    def nvmlDeviceGetSupportedEventTypes(self, h: Handle) -> int:
+        self._hit("nvmlDeviceGetSupportedEventTypes", h)
+        return int(REC["static"]["supported_event_types"])
+
+    def nvmlEventSetCreate(self) -> object:
+        self._hit("nvmlEventSetCreate")
+        return object()
+
+    def nvmlDeviceRegisterEvents(self, h: Handle, types: int, event_set: object) -> None:
+        self._hit("nvmlDeviceRegisterEvents", h)
+        self.registered.append(h.gpu)
+
+    def nvmlEventSetWait_v2(self, event_set: object, timeout_ms: int) -> SimpleNamespace:
+        self._hit("nvmlEventSetWait_v2")
+        if not self.xids:
+            raise _real.NVMLError(_real.NVML_ERROR_TIMEOUT)
+        gpu, xid = self.xids.pop(0)
+        return SimpleNamespace(
+            device=Handle(gpu),
+            eventType=_real.nvmlEventTypeXidCriticalError,
+            eventData=xid,
+            gpuInstanceId=0xFFFFFFFF,
+            computeInstanceId=0xFFFFFFFF,
+        )
+
+    def nvmlEventSetFree(self, event_set: object) -> None:
+        self._hit("nvmlEventSetFree")
