@@ -131,7 +131,6 @@ STATIC: dict[str, Callable[[Any, Any], Value]] = {
     "DCGM_FI_DEV_PCIE_MAX_LINK_GEN": lambda n, h: int(n.nvmlDeviceGetMaxPcieLinkGeneration(h)),
     "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH": lambda n, h: int(n.nvmlDeviceGetMaxPcieLinkWidth(h)),
     "DCGM_FI_DEV_POWER_MGMT_LIMIT": lambda n, h: n.nvmlDeviceGetPowerManagementLimit(h) / 1000.0,
-    "DCGM_FI_DEV_MINOR_NUMBER": lambda n, h: int(n.nvmlDeviceGetMinorNumber(h)),
 }
 
 # Label strings (CSV ``label`` rows), read once; name, UUID and bus id come from DeviceInfo.
@@ -421,6 +420,8 @@ class NvmlBackend:
                 stats.ok += 1
             except self._error as exc:
                 self._failed(gpu, exc, stats)
+        g.static["DCGM_FI_DEV_MINOR_NUMBER"] = g.info.minor
+        sup.add("DCGM_FI_DEV_MINOR_NUMBER")
         for name, read_static in STATIC.items():
             try:
                 g.static[name] = read_static(n, h)

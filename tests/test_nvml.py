@@ -57,6 +57,7 @@ def test_static_values_are_read_once_not_per_pass(fake: FakeNvml, backend: NvmlB
     assert fake.calls["nvmlDeviceGetTemperatureThreshold"] == 2
     assert fake.calls["nvmlSystemGetDriverVersion"] == 1
     assert fake.calls["nvmlDeviceGetMigMode"] == 2
+    assert fake.calls["nvmlDeviceGetMinorNumber"] == 2
 
 
 def test_one_field_values_batch_per_pass_and_never_pcie_throughput(
