@@ -266,7 +266,7 @@ class Runtime:
             )
         snap = d.stats.snapshot(limit=limit)
         snap["dry_run"] = d.config.dry_run
-        snap["destinations"] = names
+        snap["all_destinations"] = names
         return json_reply(200, snap)
 
 

@@ -58,8 +58,7 @@ echo "== What the exporter serves (a few lines of http://127.0.0.1:9400/metrics)
 curl -fsS http://127.0.0.1:9400/metrics | grep -E '^DCGM_FI_DEV_GPU_UTIL' | head -n 3
 echo
 echo "== What reached the 'home' receiver (series per metric, from its API)"
-curl -fsS 'http://127.0.0.1:9091/api/v1/query' --data-urlencode 'query=count by (__name__) ({__name__=~"DCGM_.*"})' \
-  | $BIN/python -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(f"{len(r)} DCGM metrics"); [print(f"  {x[\"metric\"][\"__name__\"]}: {x[\"value\"][1]} series") for x in sorted(r, key=lambda x: x["metric"]["__name__"])[:8]]; print("  ...")'
+$BIN/python scripts/demo_receiver_summary.py http://127.0.0.1:9091
 echo
 echo "== What would ship to AMP (dry run) and what it would cost"
 $BIN/gpu-relay report --url http://127.0.0.1:9201 --destination amp

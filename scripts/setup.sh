@@ -27,7 +27,9 @@ fi
 stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
 if [ ! -f "$stamp" ]; then
   echo "setup: installing gpu-telemetry and its dev dependencies into .venv"
-  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -e '.[dev]'; } \
+       >.venv/pip.log 2>&1; then
+    echo "setup: pip install failed; its output:" >&2; tail -n 40 .venv/pip.log >&2; exit 1
+  fi
   rm -f .venv/.installed-*; touch "$stamp"
 fi
