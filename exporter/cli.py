@@ -47,7 +47,8 @@ def make_backend(settings: Settings) -> GpuBackend:
 
 def _pod_source(settings: Settings) -> tuple[Callable[[], Mapping[str, PodLabels]], Callable[[], int], Any]:
     k8s: Any = importlib.import_module("exporter.kubernetes")
-    src = k8s.PodResourcesSource(settings.pod_resources_socket)
+    # A hung kubelet must not hold a collection cycle longer than one interval.
+    src = k8s.PodResourcesSource(settings.pod_resources_socket, timeout=min(10.0, max(0.5, settings.interval_s)))
     return src.get, lambda: int(src.errors), src
 
 
