@@ -1,0 +1,56 @@
+"""The exporter process with --kubernetes against a real gRPC PodResources server (the fake kubelet
+built from the podresources v1 proto): pod labels land on exactly the GPUs the pods hold."""
+
+from __future__ import annotations
+
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from exporter.simulated import SimulatedBackend
+from tests.e2e.procs import VENV_BIN, Proc, running
+from tests.helpers import free_port, wait_until
+from tests.podresources_server import FakeKubelet, pod
+
+pytestmark = pytest.mark.e2e
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        return str(r.read().decode())
+
+
+def test_pod_labels_from_kubelet_grpc_on_the_held_gpus_only(tmp_path: Path) -> None:
+    uuids = [d.uuid for d in SimulatedBackend(n_gpus=3).devices()]
+    with FakeKubelet() as kubelet:
+        kubelet.set_pods([
+            pod("trainer-0", "team-a", {"main": [("nvidia.com/gpu", [uuids[0]])]}),
+            pod("notebook", "team-b", {"jupyter": [("nvidia.com/gpu", [f"{uuids[2]}::1"]), ("cpu", ["3"])]}),
+        ])
+        port = free_port()
+        proc = Proc(
+            [str(VENV_BIN / "gpu-exporter"), "--backend", "simulated", "--simulate-gpus", "3",
+             "--listen", f"127.0.0.1:{port}", "--interval", "1s", "--kubernetes",
+             "--pod-resources-socket", kubelet.socket_path],
+            tmp_path / "exporter.log",
+            env={"NODE_NAME": "gpu-node-1"},
+        )
+        url = f"http://127.0.0.1:{port}"
+        with running(proc):
+            proc.wait_http(url + "/health")
+
+            def util_lines() -> list[str]:
+                return [ln for ln in _scrape(url).splitlines() if ln.startswith("DCGM_FI_DEV_GPU_UTIL{")]
+
+            assert wait_until(lambda: any("pod=" in ln for ln in util_lines()), timeout=10), proc.tail()
+            lines = {ln.split('gpu="')[1].split('"')[0]: ln for ln in util_lines()}
+            assert 'container="main",namespace="team-a",pod="trainer-0"}' in lines["0"]
+            assert "pod=" not in lines["1"]
+            assert 'container="jupyter",namespace="team-b",pod="notebook"}' in lines["2"]
+            assert 'Hostname="gpu-node-1"' in lines["0"]
+
+            # The kubelet going away never fails the scrape; labels leave after the grace cycle.
+            kubelet.stop()
+            assert wait_until(lambda: not any("pod=" in ln for ln in util_lines()), timeout=15), proc.tail()
+            assert len(util_lines()) == 3
