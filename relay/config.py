@@ -3,8 +3,8 @@
 Every problem is reported, not just the first, each naming the file, the 1-based line of the
 offending key or value and the field path: ``relay.yaml:12: destinations[0].queue.max_backoff:
 invalid duration "5q"``. The YAML is composed into nodes (which carry their line) and walked by a
-schema-aware reader (:class:`_Reader`); relabel rules go to :mod:`relay.relabel` and aggregate
-selectors to :mod:`relay.selector`, whose errors are mapped back to lines the same way.
+schema-aware reader (:class:`relay.yamlnodes.Reader`); relabel rules go to :mod:`relay.relabel` and
+aggregate selectors to :mod:`relay.selector`, whose errors are mapped back to lines the same way.
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.nodes import Node, SequenceNode
 
 from relay import labels as lb
 from relay.relabel import RelabelConfig, RelabelConfigError, parse_relabel_configs
 from relay.selector import SelectorError, parse_selector
-from relay.units import UnitError, parse_duration, parse_size
+from relay.yamlnodes import ConfigIssue as ConfigIssue
+from relay.yamlnodes import Reader, check_unique, node_at
 
 MiB = 1024**2
 AGGREGATE_OUTPUTS = ("sum", "avg", "min", "max", "count_series", "last", "total")
@@ -35,18 +35,6 @@ _RESERVED_HEADERS = (
     "x-prometheus-remote-write-version",
 )  # fmt: skip
 _SIGV4_HEADERS = ("authorization", "x-amz-date", "x-amz-security-token", "x-amz-content-sha256")
-
-
-@dataclass(frozen=True)
-class ConfigIssue:
-    file: str
-    line: int  # 1-based; 0 when the file could not be read at all
-    path: str  # "destinations[0].queue.max_backoff"; "" for the whole document
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line else self.file
-        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
 
 
 class ConfigError(ValueError):
@@ -166,14 +154,14 @@ def parse_config(text: str, filename: str = "relay.yaml") -> Config:
         raise ConfigError(
             [ConfigIssue(filename, 1, "", "empty config: at least one destination is required")]
         )
-    r = _Reader(filename)
+    r = Reader(filename)
     config = _parse_root(r, root)
     if r.issues:
         raise ConfigError(sorted(r.issues, key=lambda i: i.line))
     return config
 
 
-def _parse_root(r: _Reader, root: Node) -> Config:
+def _parse_root(r: Reader, root: Node) -> Config:
     keys = ("server", "external_labels", "global", "storage", "scrape", "destinations")
     m = r.mapping(root, "", keys)
     if m is None:
@@ -199,18 +187,18 @@ def _parse_root(r: _Reader, root: Node) -> Config:
             r.error(st["path"], "storage.path", "must not be empty")
         storage = Path(text) if text else storage
     jobs = [(_scrape(r, n, p), n) for n, p in r.sequence(m.get("scrape"), "scrape")]
-    _check_unique(r, [(s.job_name, n) for s, n in jobs], "scrape", "job_name")
+    check_unique(r, [(s.job_name, n) for s, n in jobs], "scrape", "job_name")
     dnode = r.require(m, root, "", "destinations")
     dests = [(_destination(r, n, p), n) for n, p in r.sequence(dnode, "destinations")]
     if isinstance(dnode, SequenceNode) and not dests:
         r.error(dnode, "destinations", "at least one destination is required")
-    _check_unique(r, [(d.name, n) for d, n in dests], "destinations", "name")
+    check_unique(r, [(d.name, n) for d, n in dests], "destinations", "name")
     labels = lb.make((name, value) for name, value, _, _ in external)
     return Config(server, labels, relabel, storage, tuple(s for s, _ in jobs), tuple(d for d, _ in dests),
                   r.filename)  # fmt: skip
 
 
-def _scrape(r: _Reader, node: Node, path: str) -> ScrapeConfig:
+def _scrape(r: Reader, node: Node, path: str) -> ScrapeConfig:
     keys = ("job_name", "scrape_interval", "scrape_timeout", "metrics_path", "scheme", "static_configs")
     m = r.mapping(node, path, keys)
     if m is None:
@@ -239,7 +227,7 @@ def _scrape(r: _Reader, node: Node, path: str) -> ScrapeConfig:
     return ScrapeConfig(job or "", interval, timeout, tuple(targets), metrics_path, scheme)
 
 
-def _destination(r: _Reader, node: Node, path: str) -> DestinationConfig:
+def _destination(r: Reader, node: Node, path: str) -> DestinationConfig:
     keys = ("name", "url", "sigv4", "headers", "write_relabel_configs", "prune_labels", "aggregate", "limits",
             "queue", "dry_run")  # fmt: skip
     m = r.mapping(node, path, keys)
@@ -282,7 +270,7 @@ def _destination(r: _Reader, node: Node, path: str) -> DestinationConfig:
     )
 
 
-def _sigv4(r: _Reader, node: Node | None, path: str) -> SigV4Config | None:
+def _sigv4(r: Reader, node: Node | None, path: str) -> SigV4Config | None:
     m = r.mapping(node, path, ("region", "role_arn", "external_id", "profile", "service"))
     if m is None or node is None:
         return None
@@ -304,7 +292,7 @@ def _sigv4(r: _Reader, node: Node | None, path: str) -> SigV4Config | None:
     return SigV4Config(region or "", role, external_id, profile, service)
 
 
-def _aggregate(r: _Reader, node: Node, path: str) -> AggregateConfig:
+def _aggregate(r: Reader, node: Node, path: str) -> AggregateConfig:
     m = r.mapping(node, path, ("match", "without", "by", "interval", "outputs"))
     if m is None:
         return AggregateConfig("")
@@ -336,7 +324,7 @@ def _aggregate(r: _Reader, node: Node, path: str) -> AggregateConfig:
     return AggregateConfig(match or "", without, by, interval, tuple(outputs))
 
 
-def _queue(r: _Reader, node: Node | None, path: str) -> QueueConfig:
+def _queue(r: Reader, node: Node | None, path: str) -> QueueConfig:
     d = QueueConfig()
     keys = ("max_samples_per_send", "batch_send_deadline", "max_shards", "min_backoff", "max_backoff",
             "max_sample_age", "max_disk", "timeout")  # fmt: skip
@@ -361,33 +349,18 @@ def _queue(r: _Reader, node: Node | None, path: str) -> QueueConfig:
     return q
 
 
-def _relabel(r: _Reader, node: Node | None, path: str) -> tuple[RelabelConfig, ...]:
+def _relabel(r: Reader, node: Node | None, path: str) -> tuple[RelabelConfig, ...]:
     items = r.sequence(node, path)
     if node is None or not items or any(r.mapping(n, p, None) is None for n, p in items):
         return ()
     try:
         return parse_relabel_configs(r.to_python(node))
     except RelabelConfigError as e:
-        r.error(_node_at(node, e.field or ""), f"{path}{e.field or ''}", e.message)
+        r.error(node_at(node, e.field or ""), f"{path}{e.field or ''}", e.message)
         return ()
 
 
-def _node_at(node: Node, field_path: str) -> Node:
-    """The node a relabel field path like ``[2].regex`` names, or the deepest one that exists."""
-    for index, key in re.findall(r"\[(\d+)\]|\.?([^.\[\]]+)", field_path):
-        if index and isinstance(node, SequenceNode) and int(index) < len(node.value):
-            node = node.value[int(index)]
-        elif key and isinstance(node, MappingNode):
-            found = [v for k, v in node.value if isinstance(k, ScalarNode) and k.value == key]
-            if not found:
-                break
-            node = found[0]
-        else:
-            break
-    return node
-
-
-def _label_names(r: _Reader, node: Node | None, path: str, no_metric_name: str | None) -> tuple[str, ...]:
+def _label_names(r: Reader, node: Node | None, path: str, no_metric_name: str | None) -> tuple[str, ...]:
     names = []
     for name, n, p in r.string_items(node, path):
         if no_metric_name is not None and name == lb.METRIC_NAME:
@@ -398,14 +371,14 @@ def _label_names(r: _Reader, node: Node | None, path: str, no_metric_name: str |
     return tuple(names)
 
 
-def _check_label_name(r: _Reader, node: Node, path: str, name: str, *, reserved_ok: bool) -> None:
+def _check_label_name(r: Reader, node: Node, path: str, name: str, *, reserved_ok: bool) -> None:
     if not _LABEL_NAME_RE.fullmatch(name):
         r.error(node, path, f'invalid label name "{name}"')
     elif not reserved_ok and name.startswith("__"):
         r.error(node, path, f'label names starting with "__" are reserved: "{name}"')
 
 
-def _check_host_port(r: _Reader, node: Node, path: str, text: str) -> bool:
+def _check_host_port(r: Reader, node: Node, path: str, text: str) -> bool:
     host, sep, port = text.rpartition(":")
     ok = bool(sep) and port.isdigit() and int(port) <= 65535 and not any(c in host for c in "/ @")
     if not ok:
@@ -413,7 +386,7 @@ def _check_host_port(r: _Reader, node: Node, path: str, text: str) -> bool:
     return ok
 
 
-def _check_url(r: _Reader, node: Node, path: str, url: str) -> None:
+def _check_url(r: Reader, node: Node, path: str, url: str) -> None:
     try:
         parts = urlsplit(url)
         _ = parts.port  # raises ValueError for a bad port
@@ -424,193 +397,3 @@ def _check_url(r: _Reader, node: Node, path: str, url: str) -> None:
         r.error(node, path, f'URL scheme must be http or https, got "{parts.scheme}"')
     elif not parts.hostname:
         r.error(node, path, "URL has no host")
-
-
-def _check_unique(r: _Reader, names: list[tuple[str, Node]], path: str, key: str) -> None:
-    first: dict[str, int] = {}
-    for i, (name, node) in enumerate(names):
-        if name and name in first:
-            line = names[first[name]][1].start_mark.line + 1
-            r.error(node, f"{path}[{i}].{key}", f'duplicate {key} "{name}" (first at line {line})')
-        first.setdefault(name, i)
-
-
-_TAG = "tag:yaml.org,2002:"
-_KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean", "null": "null"}
-
-
-def _kind(node: Node) -> str:
-    if isinstance(node, MappingNode):
-        return "a mapping"
-    if isinstance(node, SequenceNode):
-        return "a list"
-    return _KINDS.get(node.tag.removeprefix(_TAG), f"a {node.tag.removeprefix(_TAG)}")
-
-
-class _Reader:
-    """Typed access to YAML nodes that records an issue (and returns a default) for every problem.
-
-    An absent key and an explicit null both mean "use the default"."""
-
-    def __init__(self, filename: str) -> None:
-        self.filename = filename
-        self.issues: list[ConfigIssue] = []
-        self._constructor = yaml.constructor.SafeConstructor()
-        self._flattened: set[int] = set()
-
-    def error(self, node: Node, path: str, message: str) -> None:
-        issue = ConfigIssue(self.filename, node.start_mark.line + 1, path, message)
-        if issue not in self.issues:  # the same node may be read twice
-            self.issues.append(issue)
-
-    def type_error(self, node: Node, path: str, expected: str) -> None:
-        self.error(node, path, f"expected {expected}, got {_kind(node)}")
-
-    @staticmethod
-    def is_absent(node: Node | None) -> bool:
-        return node is None or (isinstance(node, ScalarNode) and node.tag == _TAG + "null")
-
-    def require(self, m: dict[str, Node], parent: Node, path: str, key: str) -> Node | None:
-        if key not in m:
-            self.error(parent, f"{path}.{key}" if path else key, "missing required key")
-        return m.get(key)
-
-    def mapping(self, node: Node | None, path: str, keys: tuple[str, ...] | None) -> dict[str, Node] | None:
-        if node is None or self.is_absent(node):
-            return None
-        if not isinstance(node, MappingNode):
-            self.type_error(node, path, "a mapping")
-            return None
-        if id(node) not in self._flattened:
-            self._check_duplicate_keys(node, path)
-            self._constructor.flatten_mapping(node)  # YAML merge keys: <<: *anchor, explicit keys win
-            self._flattened.add(id(node))
-        out: dict[str, Node] = {}
-        for knode, vnode in node.value:
-            if not isinstance(knode, ScalarNode):
-                self.error(knode, path, f"keys must be strings, got {_kind(knode)}")
-                continue
-            key = knode.value
-            if keys is not None and key not in keys:
-                self.error(knode, f"{path}.{key}" if path else key, f"unknown key (valid: {', '.join(keys)})")
-            else:
-                out[key] = vnode
-        return out
-
-    def _check_duplicate_keys(self, node: MappingNode, path: str) -> None:
-        first: dict[str, int] = {}
-        for knode, _ in node.value:
-            if isinstance(knode, ScalarNode) and knode.tag != _TAG + "merge":
-                line = knode.start_mark.line + 1
-                if knode.value in first:
-                    kpath = f"{path}.{knode.value}" if path else knode.value
-                    self.error(knode, kpath, f"duplicate key (first at line {first[knode.value]})")
-                first.setdefault(knode.value, line)
-
-    def sequence(self, node: Node | None, path: str) -> list[tuple[Node, str]]:
-        if node is None or self.is_absent(node):
-            return []
-        if not isinstance(node, SequenceNode):
-            self.type_error(node, path, "a list")
-            return []
-        return [(item, f"{path}[{i}]") for i, item in enumerate(node.value)]
-
-    def _scalar(self, node: Node, path: str, expected: str, tags: tuple[str, ...]) -> str | None:
-        if isinstance(node, ScalarNode) and node.tag.removeprefix(_TAG) in tags:
-            return str(node.value)
-        self.type_error(node, path, expected)
-        return None
-
-    def required_string(self, m: dict[str, Node], parent: Node, path: str, key: str) -> str | None:
-        """The string at ``m[key]``; None (and an issue) when it is missing, null or not a string."""
-        node, kpath = self.require(m, parent, path, key), f"{path}.{key}" if path else key
-        if node is not None and self.is_absent(node):
-            self.type_error(node, kpath, "a string")
-        return self.optional_string(node, kpath)
-
-    def string(self, node: Node | None, path: str, default: str) -> str:
-        value = self.optional_string(node, path)
-        return default if value is None else value
-
-    def optional_string(self, node: Node | None, path: str) -> str | None:
-        if node is None or self.is_absent(node):
-            return None
-        return self._scalar(node, path, "a string", ("str", "int", "float"))
-
-    def string_items(self, node: Node | None, path: str) -> list[tuple[str, Node, str]]:
-        """(value, node, path) for each valid string in a list."""
-        items = [(self.optional_string(n, p), n, p) for n, p in self.sequence(node, path)]
-        for value, n, p in items:
-            if value is None and self.is_absent(n):
-                self.type_error(n, p, "a string")
-        return [(v, n, p) for v, n, p in items if v is not None]
-
-    def string_entries(self, node: Node | None, path: str) -> list[tuple[str, str, Node, Node]]:
-        """(key, value, key node, value node) for a mapping of strings to strings."""
-        m = self.mapping(node, path, None)
-        if m is None or node is None:
-            return []
-        out: list[tuple[str, str, Node, Node]] = []
-        keys = {k.value: k for k, _ in node.value if isinstance(k, ScalarNode)}
-        for key, vnode in m.items():
-            kpath = f"{path}.{key}"
-            if self.is_absent(vnode):
-                self.type_error(vnode, kpath, "a string")
-            elif (value := self.optional_string(vnode, kpath)) is not None:
-                out.append((key, value, keys[key], vnode))
-        return out
-
-    def integer(self, node: Node | None, path: str, default: int) -> int:
-        value = self.optional_int(node, path)
-        return default if value is None else value
-
-    def optional_int(self, node: Node | None, path: str) -> int | None:
-        if node is None or self.is_absent(node) or self._scalar(node, path, "an integer", ("int",)) is None:
-            return None
-        value = int(self._constructor.construct_object(node))
-        if value <= 0:
-            self.error(node, path, f"must be a positive integer, got {value}")
-            return None
-        return value
-
-    def boolean(self, node: Node | None, path: str, default: bool) -> bool:
-        if (
-            node is None
-            or self.is_absent(node)
-            or self._scalar(node, path, "true or false", ("bool",)) is None
-        ):
-            return default
-        return bool(self._constructor.construct_object(node))
-
-    def duration(self, node: Node | None, path: str, default: float, *, positive: bool = False) -> float:
-        if node is None or self.is_absent(node):
-            return default
-        if (text := self._scalar(node, path, 'a duration like "30s"', ("str", "int", "float"))) is None:
-            return default
-        try:
-            value = parse_duration(text)
-        except UnitError as e:
-            self.error(node, path, str(e))
-            return default
-        if positive and value <= 0:
-            self.error(node, path, "must be greater than 0")
-            return default
-        return value
-
-    def size(self, node: Node | None, path: str, default: int) -> int:
-        if node is None or self.is_absent(node):
-            return default
-        if (text := self._scalar(node, path, 'a size like "512MiB"', ("str", "int"))) is None:
-            return default
-        try:
-            value = parse_size(text)
-        except UnitError as e:
-            self.error(node, path, str(e))
-            return default
-        if value <= 0:
-            self.error(node, path, "must be greater than 0")
-            return default
-        return value
-
-    def to_python(self, node: Node) -> Any:
-        return self._constructor.construct_object(node, deep=True)
