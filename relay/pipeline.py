@@ -198,6 +198,7 @@ class Pipeline:
         cardinality: CardinalityMetrics | None = None,
         clock: Callable[[], float] = time.time,
         amp_limits: AmpLimits | None = None,
+        previous: Pipeline | None = None,
     ) -> None:
         self.config = config
         self.rules = Rules(config)
@@ -220,6 +221,22 @@ class Pipeline:
         self.cache: dict[bytes, wire.Decision] = {}
         self._cache_born = time.monotonic()
         self.lock = threading.Lock()
+        if previous is not None:
+            self._take_over(previous)
+
+    def _take_over(self, previous: Pipeline) -> None:
+        """On reload, keep aggregation windows in progress (and counters' running totals): a
+        destination whose aggregate rules did not change keeps its aggregator. The lock is shared
+        too, as a request that began before the swap may still be routed by ``previous``."""
+        self.lock = previous.lock
+        old = {s.name: s for s in previous.stages}
+        for stage in self.stages:
+            o = old.get(stage.name)
+            if o is None:
+                continue
+            stage.counters |= o.counters
+            if o.aggregator is not None and o.dest.aggregate == stage.dest.aggregate:
+                stage.aggregator = o.aggregator
 
     # -- the cold path: once per distinct input label set ---------------------------------------
     def decide(self, key: bytes) -> wire.Decision:

@@ -85,7 +85,7 @@ class Runtime:
         self._ready = True
 
     # -- building --------------------------------------------------------------------------------
-    def _build(self, config: Config) -> Pipeline:
+    def _build(self, config: Config, previous: Pipeline | None = None) -> Pipeline:
         storage = Path(config.storage_path)
         storage.mkdir(parents=True, exist_ok=True)
         new: dict[str, _Destination] = {}
@@ -131,6 +131,7 @@ class Runtime:
             [x.queue for x in dests],
             cardinality=self.cardinality_metrics,
             clock=self.clock,
+            previous=previous,
         )
 
     @staticmethod
@@ -234,7 +235,7 @@ class Runtime:
                 config = load_config(self.config_path)
                 if config.server != self.config.server:
                     log.warning("server settings changed in %s; they take effect on restart", self.config_path)
-                pipeline = self._build(config)
+                pipeline = self._build(config, previous=self.pipeline)
             except ConfigError as e:
                 self.rm.config_reloads_total.labels("failure").inc()
                 log.error("reload refused, keeping the running configuration:\n%s", e)

@@ -510,3 +510,24 @@ def test_invalid_label_set_raises_400(make: MakeHarness, tmp_path: Path) -> None
         h.pipeline.ingest(bad)
     assert e.value.status == 400
     assert h.payloads("d") == []
+
+
+def test_previous_pipeline_hands_over_unchanged_aggregators(make: MakeHarness, tmp_path: Path) -> None:
+    text = _config(tmp_path, AGG_DEST)
+    h = make(text)
+    h.ingest([(S("gpu_util", gpu=str(g)), [(T0 + 1000, 1.0 + g)]) for g in range(3)])
+    old = h.pipeline
+    same = Pipeline(old.config, old.metrics, [s.stats for s in old.stages], [s.queue for s in old.stages],
+                    clock=h.clock, previous=old)
+    assert same.stages[0].aggregator is old.stages[0].aggregator
+    assert same.lock is old.lock
+    changed_cfg = parse_config(text.replace("outputs: [avg, max, sum]", "outputs: [sum]"))
+    changed = Pipeline(changed_cfg, old.metrics, [s.stats for s in old.stages], [s.queue for s in old.stages],
+                       clock=h.clock, previous=old)
+    assert changed.stages[0].aggregator is not old.stages[0].aggregator
+    same.flush_aggregates((T0 + 30_000 + AGGREGATE_GRACE_MS) / 1000)
+    assert {(lb[0][1], ts, v) for lb, ts, v in h.queued_set("amp")} == {
+        ("gpu_util:30s_without_gpu_pod_avg", T0 + 30_000, 2.0),
+        ("gpu_util:30s_without_gpu_pod_max", T0 + 30_000, 3.0),
+        ("gpu_util:30s_without_gpu_pod_sum", T0 + 30_000, 6.0),
+    }

@@ -39,6 +39,7 @@ STALE_BITS = 0x7FF0000000000002
 STALE_NAN = struct.unpack("<d", struct.pack("<Q", STALE_BITS))[0]
 RW1 = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy",
        "X-Prometheus-Remote-Write-Version": "0.1.0"}
+RW1_LOWER = {k.lower(): v for k, v in RW1.items()}
 RW2 = {"Content-Type": "application/x-protobuf;proto=io.prometheus.write.v2.Request",
        "Content-Encoding": "snappy", "X-Prometheus-Remote-Write-Version": "2.0.0"}
 MAX_REQUEST = 4096
@@ -724,3 +725,42 @@ def test_write_without_content_length_is_411(start: StartRelay, rx: RecordingSer
     assert answer.count(b"HTTP/1.1 ") == 1, answer
     assert answer.startswith(b"HTTP/1.1 411 ")
     assert relay.metric("gpu_relay_samples_received_total") == 0
+
+
+def test_reload_keeps_aggregation_windows_in_progress(tmp_path: Path) -> None:
+    t0 = 1_699_999_980_000  # a multiple of 30 s
+    path = tmp_path / "relay.yaml"
+    agg = """\
+    aggregate:
+      - match: '{__name__=~"gpu_util|xid_errors_total"}'
+        without: [gpu]
+        interval: 30s
+        outputs: [sum, total]
+"""
+    path.write_text(config_text(tmp_path, simple_dest("http://127.0.0.1:1/api/v1/write", agg)))
+    runtime = Runtime(str(path), load_config(path), clock=lambda: t0 / 1000)
+    try:
+        def write(series: list[Series]) -> None:
+            reply = runtime.write(RW1_LOWER, snappy.compress(wire.encode_write_request(series)))
+            assert reply.status == 204
+
+        write([(S("gpu_util", gpu=str(g)), [(t0 + 1000, 1.0 + g)]) for g in range(3)]
+              + [(S("xid_errors_total", gpu=str(g)), [(t0 + 1000, 2.0)]) for g in range(2)])
+        # a reload mid-window, with a change that does not touch these series
+        junk = "global: {relabel_configs: [{source_labels: [__name__], regex: junk, action: drop}]}\n"
+        path.write_text(config_text(tmp_path, simple_dest("http://127.0.0.1:1/api/v1/write", agg), junk))
+        assert runtime.reload_config() == (True, "configuration reloaded")
+        write([(S("gpu_util", gpu="0"), [(t0 + 20_000, 10.0)])]
+              + [(S("xid_errors_total", gpu=str(g)), [(t0 + 40_000, 3.0)]) for g in range(2)])
+        runtime.pipeline.flush_aggregates((t0 + 70_000) / 1000)
+        queue = runtime.destinations["rx"].queue
+        assert queue is not None
+        got = {(lb, ts, v) for shard in queue.shards() for e in queue.peek(shard, 1 << 20)
+               for lb, samples in wire.decode_write_request(e.payload) for ts, v in samples}
+        assert got == {
+            (S("gpu_util:30s_without_gpu_sum"), t0 + 30_000, 15.0),  # 10 (latest of gpu 0) + 2 + 3
+            (S("xid_errors_total:30s_without_gpu_total"), t0 + 30_000, 4.0),
+            (S("xid_errors_total:30s_without_gpu_total"), t0 + 60_000, 6.0),
+        }
+    finally:
+        runtime.stop()
