@@ -21,6 +21,8 @@ handle) and GPM ratios (``nvmlGpmMigSampleGet``). The renderer decides what to p
 
 Errors: NVML_ERROR_GPU_IS_LOST, or NVML_ERROR_UNKNOWN from every call of a pass, raise
 ``GpuLostError`` for that GPU; any other error leaves that field absent for the pass.
+
+The field tables, the pass plan and the value conversions are in :mod:`exporter.nvml_fields`.
 """
 
 from __future__ import annotations
@@ -29,220 +31,45 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.backend import BackendError, DeviceInfo, Entity, GpuLostError, MigInstance, Value
+from exporter.nvml_fields import (
+    FIELD_VALUES,
+    GETTERS,
+    GPM_FIELDS,
+    GPM_NEEDS_NVLINK,
+    GROUP_FIELDS,
+    LABELS,
+    MIB,
+    NOT_READ,
+    RATE_FIELDS,
+    STATIC,
+    UINT_MAX,
+    FieldValue,
+    Getter,
+    Plan,
+    RateField,
+    answered,
+    as_str,
+    convert_field_values,
+    device_labels,
+    gpm_value,
+    init_message,
+    make_plan,
+    memory_v1,
+    memory_v2,
+    probe_plan,
+)
+
+__all__ = [
+    "FIELD_VALUES", "GETTERS", "GPM_FIELDS", "GROUP_FIELDS", "LABELS", "MIB", "RATE_FIELDS", "STATIC", "UINT_MAX",
+    "FieldValue", "Getter", "NvmlBackend", "RateField",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
-
-MIB = 1048576
-UINT_MAX = 0xFFFFFFFF
-Getter = Callable[[Any, Any], dict[str, Value]]
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _memory(nvml: Any, h: Any) -> dict[str, Value]:
-    m = nvml.nvmlDeviceGetMemoryInfo(h, nvml.nvmlMemory_v2)
-    usable = m.total - m.reserved
-    return {
-        "DCGM_FI_DEV_FB_TOTAL": m.total // MIB,
-        "DCGM_FI_DEV_FB_FREE": m.free // MIB,
-        "DCGM_FI_DEV_FB_USED": m.used // MIB,
-        "DCGM_FI_DEV_FB_RESERVED": m.reserved // MIB,
-        "DCGM_FI_DEV_FB_USED_PERCENT": m.used / usable if usable > 0 else 0.0,
-    }
-
-
-def _util(nvml: Any, h: Any) -> dict[str, Value]:
-    u = nvml.nvmlDeviceGetUtilizationRates(h)
-    return {"DCGM_FI_DEV_GPU_UTIL": int(u.gpu), "DCGM_FI_DEV_MEM_COPY_UTIL": int(u.memory)}
-
-
-def _one(name: str, call: Callable[[Any, Any], Any], convert: Callable[[Any], Value] = int) -> Getter:
-    return lambda nvml, h: {name: convert(call(nvml, h))}
-
-
-# Per-pass getter groups: one NVML call each.
-GETTERS: dict[str, Getter] = {
-    "util": _util,
-    "memory": _memory,
-    "power": _one("DCGM_FI_DEV_POWER_USAGE", lambda n, h: n.nvmlDeviceGetPowerUsage(h), lambda v: v / 1000.0),
-    "temp": _one("DCGM_FI_DEV_GPU_TEMP", lambda n, h: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
-    "sm_clock": _one("DCGM_FI_DEV_SM_CLOCK", lambda n, h: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)),
-    "mem_clock": _one("DCGM_FI_DEV_MEM_CLOCK", lambda n, h: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM)),
-    "video_clock": _one(
-        "DCGM_FI_DEV_VIDEO_CLOCK", lambda n, h: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_VIDEO)
-    ),
-    "enc": _one("DCGM_FI_DEV_ENC_UTIL", lambda n, h: n.nvmlDeviceGetEncoderUtilization(h)[0]),
-    "dec": _one("DCGM_FI_DEV_DEC_UTIL", lambda n, h: n.nvmlDeviceGetDecoderUtilization(h)[0]),
-    "pstate": _one("DCGM_FI_DEV_PSTATE", lambda n, h: n.nvmlDeviceGetPerformanceState(h)),
-    "fan": _one("DCGM_FI_DEV_FAN_SPEED", lambda n, h: n.nvmlDeviceGetFanSpeed(h)),
-    "events": _one(
-        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", lambda n, h: n.nvmlDeviceGetCurrentClocksEventReasons(h)
-    ),
-    "link_gen": _one("DCGM_FI_DEV_PCIE_LINK_GEN", lambda n, h: n.nvmlDeviceGetCurrPcieLinkGeneration(h)),
-    "link_width": _one("DCGM_FI_DEV_PCIE_LINK_WIDTH", lambda n, h: n.nvmlDeviceGetCurrPcieLinkWidth(h)),
-    "enforced_limit": _one(
-        "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
-        lambda n, h: n.nvmlDeviceGetEnforcedPowerLimit(h),
-        lambda v: v / 1000.0,
-    ),
-}
-GROUP_FIELDS: dict[str, tuple[str, ...]] = {
-    "util": ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL"),
-    "memory": (
-        "DCGM_FI_DEV_FB_TOTAL",
-        "DCGM_FI_DEV_FB_FREE",
-        "DCGM_FI_DEV_FB_USED",
-        "DCGM_FI_DEV_FB_RESERVED",
-        "DCGM_FI_DEV_FB_USED_PERCENT",
-    ),
-    "power": ("DCGM_FI_DEV_POWER_USAGE",),
-    "temp": ("DCGM_FI_DEV_GPU_TEMP",),
-    "sm_clock": ("DCGM_FI_DEV_SM_CLOCK",),
-    "mem_clock": ("DCGM_FI_DEV_MEM_CLOCK",),
-    "video_clock": ("DCGM_FI_DEV_VIDEO_CLOCK",),
-    "enc": ("DCGM_FI_DEV_ENC_UTIL",),
-    "dec": ("DCGM_FI_DEV_DEC_UTIL",),
-    "pstate": ("DCGM_FI_DEV_PSTATE",),
-    "fan": ("DCGM_FI_DEV_FAN_SPEED",),
-    "events": ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS",),
-    "link_gen": ("DCGM_FI_DEV_PCIE_LINK_GEN",),
-    "link_width": ("DCGM_FI_DEV_PCIE_LINK_WIDTH",),
-    "enforced_limit": ("DCGM_FI_DEV_ENFORCED_POWER_LIMIT",),
-}
-_FIELD_GROUP = {f: g for g, fs in GROUP_FIELDS.items() for f in fs}
-
-# Static values, read once at probe time (several cost 150-1500 us each).
-STATIC: dict[str, Callable[[Any, Any], Value]] = {
-    "DCGM_FI_DEV_MAX_SM_CLOCK": lambda n, h: int(n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_SM)),
-    "DCGM_FI_DEV_MAX_MEM_CLOCK": lambda n, h: int(n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_MEM)),
-    "DCGM_FI_DEV_SLOWDOWN_TEMP": lambda n, h: int(
-        n.nvmlDeviceGetTemperatureThreshold(h, n.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
-    ),
-    "DCGM_FI_DEV_SHUTDOWN_TEMP": lambda n, h: int(
-        n.nvmlDeviceGetTemperatureThreshold(h, n.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
-    ),
-    "DCGM_FI_DEV_PCIE_MAX_LINK_GEN": lambda n, h: int(n.nvmlDeviceGetMaxPcieLinkGeneration(h)),
-    "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH": lambda n, h: int(n.nvmlDeviceGetMaxPcieLinkWidth(h)),
-    "DCGM_FI_DEV_POWER_MGMT_LIMIT": lambda n, h: n.nvmlDeviceGetPowerManagementLimit(h) / 1000.0,
-}
-
-# Label strings (CSV ``label`` rows), read once; name, UUID and bus id come from DeviceInfo.
-LABELS: dict[str, Callable[[Any, Any], str]] = {
-    "DCGM_FI_DEV_SERIAL": lambda n, h: _s(n.nvmlDeviceGetSerial(h)),
-    "DCGM_FI_DEV_VBIOS_VERSION": lambda n, h: _s(n.nvmlDeviceGetVbiosVersion(h)),
-    "DCGM_FI_DEV_INFOROM_IMAGE_VER": lambda n, h: _s(n.nvmlDeviceGetInforomImageVersion(h)),
-    "DCGM_FI_DEV_OEM_INFOROM_VER": lambda n, h: _s(n.nvmlDeviceGetInforomVersion(h, n.NVML_INFOROM_OEM)),
-    "DCGM_FI_DEV_ECC_INFOROM_VER": lambda n, h: _s(n.nvmlDeviceGetInforomVersion(h, n.NVML_INFOROM_ECC)),
-    "DCGM_FI_DEV_POWER_INFOROM_VER": lambda n, h: _s(n.nvmlDeviceGetInforomVersion(h, n.NVML_INFOROM_POWER)),
-    "DCGM_FI_DEV_BRAND": lambda n, h: str(n.nvmlDeviceGetBrand(h)),
-}
-
-
-@dataclass(frozen=True, slots=True)
-class FieldValue:
-    """A DCGM field read through ``nvmlDeviceGetFieldValues``: NVML_FI_* constant name and scale."""
-
-    nvml_name: str
-    scale: float = 1.0  # value * scale; 1.0 keeps an integer
-    max_valid: float | None = None  # above this the value is a sentinel (memory temp > 200)
-
-
-FIELD_VALUES: dict[str, FieldValue] = {
-    "DCGM_FI_DEV_MEMORY_TEMP": FieldValue("NVML_FI_DEV_MEMORY_TEMP", max_valid=200),
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": FieldValue("NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION"),
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": FieldValue("NVML_FI_DEV_PCIE_REPLAY_COUNTER"),
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": FieldValue("NVML_FI_DEV_REMAPPED_COR"),
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": FieldValue("NVML_FI_DEV_REMAPPED_UNC"),
-    "DCGM_FI_DEV_ROW_REMAP_PENDING": FieldValue("NVML_FI_DEV_REMAPPED_PENDING"),
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE": FieldValue("NVML_FI_DEV_REMAPPED_FAILURE"),
-    "DCGM_FI_DEV_POWER_USAGE_INSTANT": FieldValue("NVML_FI_DEV_POWER_INSTANT", scale=0.001),
-    "DCGM_FI_DEV_ECC_CURRENT": FieldValue("NVML_FI_DEV_ECC_CURRENT"),
-    "DCGM_FI_DEV_ECC_PENDING": FieldValue("NVML_FI_DEV_ECC_PENDING"),
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": FieldValue("NVML_FI_DEV_ECC_SBE_VOL_TOTAL"),
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": FieldValue("NVML_FI_DEV_ECC_DBE_VOL_TOTAL"),
-    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": FieldValue("NVML_FI_DEV_ECC_SBE_AGG_TOTAL"),
-    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": FieldValue("NVML_FI_DEV_ECC_DBE_AGG_TOTAL"),
-    "DCGM_FI_DEV_RETIRED_SBE": FieldValue("NVML_FI_DEV_RETIRED_SBE"),
-    "DCGM_FI_DEV_RETIRED_DBE": FieldValue("NVML_FI_DEV_RETIRED_DBE"),
-    "DCGM_FI_DEV_RETIRED_PENDING": FieldValue("NVML_FI_DEV_RETIRED_PENDING"),
-    "DCGM_FI_DEV_POWER_VIOLATION": FieldValue("NVML_FI_DEV_PERF_POLICY_POWER"),
-    "DCGM_FI_DEV_THERMAL_VIOLATION": FieldValue("NVML_FI_DEV_PERF_POLICY_THERMAL"),
-    "DCGM_FI_DEV_SYNC_BOOST_VIOLATION": FieldValue("NVML_FI_DEV_PERF_POLICY_SYNC_BOOST"),
-    "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION": FieldValue("NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT"),
-    "DCGM_FI_DEV_LOW_UTIL_VIOLATION": FieldValue("NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION"),
-    "DCGM_FI_DEV_RELIABILITY_VIOLATION": FieldValue("NVML_FI_DEV_PERF_POLICY_RELIABILITY"),
-    "DCGM_FI_DEV_TOTAL_APP_CLOCKS_VIOLATION": FieldValue("NVML_FI_DEV_PERF_POLICY_TOTAL_APP_CLOCKS"),
-    "DCGM_FI_DEV_TOTAL_BASE_CLOCKS_VIOLATION": FieldValue("NVML_FI_DEV_PERF_POLICY_TOTAL_BASE_CLOCKS"),
-    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": FieldValue(
-        "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"
-    ),
-    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": FieldValue(
-        "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"
-    ),
-    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": FieldValue("NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"),
-    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": FieldValue(
-        "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"
-    ),
-}
-
-
-@dataclass(frozen=True, slots=True)
-class RateField:
-    """A DCGM rate computed from NVML byte/KiB counters read in the same batch, differenced."""
-
-    counters: tuple[tuple[str, int], ...]  # (NVML_FI_* name, scopeId), summed
-    unit_bytes: int  # bytes per counter unit
-    per_s_divisor: int  # bytes/s -> DCGM unit
-
-
-RATE_FIELDS: dict[str, RateField] = {
-    # DCGM: NVLink data TX+RX KiB counters over all links, published as MB/s
-    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": RateField(
-        (
-            ("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", UINT_MAX),
-            ("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", UINT_MAX),
-        ),
-        1024,
-        1000 * 1000,
-    ),
-    # DCGM used the 20 ms nvmlDeviceGetPcieThroughput (KB/s); the byte counters give the same unit free
-    "DCGM_FI_DEV_PCIE_TX_THROUGHPUT": RateField((("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", 0),), 1, 1024),
-    "DCGM_FI_DEV_PCIE_RX_THROUGHPUT": RateField((("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", 0),), 1, 1024),
-}
-
-# PROF_* from GPM: (NVML_GPM_METRIC_* name, multiplier). Percent -> ratio, MiB/s -> bytes/s.
-GPM_FIELDS: dict[str, tuple[str, float]] = {
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("NVML_GPM_METRIC_GRAPHICS_UTIL", 0.01),
-    "DCGM_FI_PROF_SM_ACTIVE": ("NVML_GPM_METRIC_SM_UTIL", 0.01),
-    "DCGM_FI_PROF_SM_OCCUPANCY": ("NVML_GPM_METRIC_SM_OCCUPANCY", 0.01),
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("NVML_GPM_METRIC_ANY_TENSOR_UTIL", 0.01),
-    "DCGM_FI_PROF_DRAM_ACTIVE": ("NVML_GPM_METRIC_DRAM_BW_UTIL", 0.01),
-    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": ("NVML_GPM_METRIC_FP64_UTIL", 0.01),
-    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": ("NVML_GPM_METRIC_FP32_UTIL", 0.01),
-    "DCGM_FI_PROF_PIPE_FP16_ACTIVE": ("NVML_GPM_METRIC_FP16_UTIL", 0.01),
-    "DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE": ("NVML_GPM_METRIC_IMMA_TENSOR_UTIL", 0.01),
-    "DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE": ("NVML_GPM_METRIC_HMMA_TENSOR_UTIL", 0.01),
-    "DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE": ("NVML_GPM_METRIC_DFMA_TENSOR_UTIL", 0.01),
-    "DCGM_FI_PROF_PIPE_INT_ACTIVE": ("NVML_GPM_METRIC_INTEGER_UTIL", 0.01),
-    "DCGM_FI_PROF_PCIE_TX_BYTES": ("NVML_GPM_METRIC_PCIE_TX_PER_SEC", MIB),
-    "DCGM_FI_PROF_PCIE_RX_BYTES": ("NVML_GPM_METRIC_PCIE_RX_PER_SEC", MIB),
-    "DCGM_FI_PROF_NVLINK_TX_BYTES": ("NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC", MIB),
-    "DCGM_FI_PROF_NVLINK_RX_BYTES": ("NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC", MIB),
-}
-_GPM_NEEDS_NVLINK = frozenset({"DCGM_FI_PROF_NVLINK_TX_BYTES", "DCGM_FI_PROF_NVLINK_RX_BYTES"})
-_MIG_FB = frozenset(
-    {"DCGM_FI_DEV_FB_TOTAL", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED"}
-)
-_MIG_GPM = frozenset(f for f, (_, scale) in GPM_FIELDS.items() if scale == 0.01)
-_FV_ATTR = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")  # by NVML_VALUE_TYPE_*
-_NOT_READ = frozenset({"DCGM_FI_DEV_XID_ERRORS"})  # the XID watcher owns it (wait_xid)
 
 
 @dataclass(slots=True)
@@ -255,21 +82,6 @@ class _Gpm:
     have_prev: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    """What one pass reads for a given requested field set (computed once per set)."""
-
-    wanted: frozenset[str]
-    groups: tuple[str, ...]
-    static: tuple[str, ...]
-    fv_names: tuple[str, ...]
-    rate_names: tuple[str, ...]
-    request: tuple[int | tuple[int, int], ...]
-    gpm: tuple[str, ...]
-    mig_fb: bool
-    mig_gpm: tuple[str, ...]
-
-
 @dataclass(slots=True)
 class _Gpu:
     handle: Any
@@ -280,34 +92,13 @@ class _Gpu:
     labels: dict[str, str] = field(default_factory=dict)
     gpm: dict[int | None, _Gpm] = field(default_factory=dict)
     rate_prev: dict[str, tuple[float, int]] = field(default_factory=dict)
-    plans: dict[frozenset[str], _Plan] = field(default_factory=dict)
+    plans: dict[frozenset[str], Plan] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
 class _PassStats:
     ok: int = 0
     unknown: int = 0
-
-
-def _init_message(nvml: Any, exc: Any) -> str:
-    code = getattr(exc, "value", None)
-    hints = {
-        getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", -1): (
-            "NVML library libnvidia-ml.so.1 not found: install the NVIDIA driver on the host; in a "
-            "container run with the NVIDIA runtime (runtimeClassName: nvidia, NVIDIA_VISIBLE_DEVICES=all) "
-            "so the driver libraries are mounted; or use --backend simulated"
-        ),
-        getattr(nvml, "NVML_ERROR_DRIVER_NOT_LOADED", -1): (
-            "the NVIDIA kernel driver is not loaded: check `nvidia-smi` and `lsmod | grep nvidia` on the node"
-        ),
-        getattr(nvml, "NVML_ERROR_NO_PERMISSION", -1): (
-            "no permission to open /dev/nvidia*: run as root or give the container the GPU devices"
-        ),
-        getattr(nvml, "NVML_ERROR_LIB_RM_VERSION_MISMATCH", -1): (
-            "the NVML library and the kernel driver have different versions: reboot or reload the driver"
-        ),
-    }
-    return hints.get(code, f"NVML initialisation failed: {exc}")
 
 
 class NvmlBackend:
@@ -328,13 +119,13 @@ class NvmlBackend:
         try:
             nvml.nvmlInit()
         except self._error as exc:
-            raise BackendError(_init_message(nvml, exc)) from exc
+            raise BackendError(init_message(nvml, exc)) from exc
         self.last_pass_us: dict[int, float] = {}
         self._stop = threading.Event()
         self._closed = False
         try:
-            self._driver = _s(nvml.nvmlSystemGetDriverVersion())
-            self._nvml_version = _s(nvml.nvmlSystemGetNVMLVersion())
+            self._driver = as_str(nvml.nvmlSystemGetDriverVersion())
+            self._nvml_version = as_str(nvml.nvmlSystemGetNVMLVersion())
             self._gpus = [self._open(i) for i in range(int(nvml.nvmlDeviceGetCount()))]
         except self._error as exc:
             nvml.nvmlShutdown()
@@ -349,9 +140,9 @@ class NvmlBackend:
         mig, handles = self._mig_layout(h)
         info = DeviceInfo(
             index=index,
-            uuid=_s(n.nvmlDeviceGetUUID(h)),
-            pci_bus_id=_s(n.nvmlDeviceGetPciInfo(h).busId),
-            name=_s(n.nvmlDeviceGetName(h)),
+            uuid=as_str(n.nvmlDeviceGetUUID(h)),
+            pci_bus_id=as_str(n.nvmlDeviceGetPciInfo(h).busId),
+            name=as_str(n.nvmlDeviceGetName(h)),
             minor=int(n.nvmlDeviceGetMinorNumber(h)),
             mig=mig,
         )
@@ -375,7 +166,7 @@ class NvmlBackend:
             gi = int(n.nvmlDeviceGetGpuInstanceId(mh))
             mem_gb = math.ceil(n.nvmlDeviceGetMemoryInfo(mh).total / MIB / 1024)
             slices = int(n.nvmlDeviceGetAttributes(mh).gpuInstanceSliceCount)
-            instances.append(MigInstance(gi, f"{slices}g.{mem_gb}gb", _s(n.nvmlDeviceGetUUID(mh))))
+            instances.append(MigInstance(gi, f"{slices}g.{mem_gb}gb", as_str(n.nvmlDeviceGetUUID(mh))))
             handles[gi] = mh
         instances.sort(key=lambda m: m.gpu_instance_id)
         return tuple(instances), dict(sorted(handles.items()))
@@ -429,15 +220,7 @@ class NvmlBackend:
                 stats.ok += 1
             except self._error as exc:
                 self._failed(gpu, exc, stats)
-        g.labels.update(
-            {
-                "DCGM_FI_DRIVER_VERSION": self._driver,
-                "DCGM_FI_NVML_VERSION": self._nvml_version,
-                "DCGM_FI_DEV_NAME": g.info.name,
-                "DCGM_FI_DEV_UUID": g.info.uuid,
-                "DCGM_FI_DEV_PCI_BUSID": g.info.pci_bus_id,
-            }
-        )
+        g.labels.update(device_labels(self._driver, self._nvml_version, g.info))
         for name, read_label in LABELS.items():
             try:
                 g.labels[name] = read_label(n, h)
@@ -461,24 +244,14 @@ class NvmlBackend:
 
     def _probe_field_values(self, gpu: int, g: _Gpu, stats: _PassStats) -> set[str]:
         n = self._nvml
-        simple = [f for f, fv in FIELD_VALUES.items() if hasattr(n, fv.nvml_name)]
-        rates = [f for f, r in RATE_FIELDS.items() if all(hasattr(n, c) for c, _ in r.counters)]
-        plan = self._make_plan(g, frozenset(simple + rates), probing=True)
+        plan = probe_plan(n, g.static)
         try:
             results = n.nvmlDeviceGetFieldValues(g.handle, list(plan.request))
             stats.ok += 1
         except self._error as exc:
             self._failed(gpu, exc, stats)
             return set()
-        ok = [r.nvmlReturn == 0 for r in results]
-        sup = {f for f, good in zip(plan.fv_names, ok, strict=False) if good}
-        i = len(plan.fv_names)
-        for f in plan.rate_names:
-            width = len(RATE_FIELDS[f].counters)
-            if all(ok[i : i + width]):
-                sup.add(f)
-            i += width
-        return sup
+        return answered(plan, results)
 
     def _probe_gpm(self, g: _Gpu) -> set[str]:
         n = self._nvml
@@ -494,30 +267,8 @@ class NvmlBackend:
         return {
             f
             for f, (metric, _) in GPM_FIELDS.items()
-            if hasattr(n, metric) and (has_nvlink or f not in _GPM_NEEDS_NVLINK)
+            if hasattr(n, metric) and (has_nvlink or f not in GPM_NEEDS_NVLINK)
         }
-
-    def _make_plan(self, g: _Gpu, wanted: frozenset[str], probing: bool = False) -> _Plan:
-        n = self._nvml
-        fv_names = tuple(sorted(f for f in wanted if f in FIELD_VALUES))
-        rate_names = tuple(sorted(f for f in wanted if f in RATE_FIELDS))
-        request: list[int | tuple[int, int]] = [getattr(n, FIELD_VALUES[f].nvml_name) for f in fv_names]
-        for f in rate_names:
-            request += [
-                (getattr(n, c), scope) if scope else getattr(n, c) for c, scope in RATE_FIELDS[f].counters
-            ]
-        gpm = tuple(sorted(f for f in wanted if f in GPM_FIELDS))
-        return _Plan(
-            wanted=wanted,
-            groups=tuple(sorted({_FIELD_GROUP[f] for f in wanted if f in _FIELD_GROUP})),
-            static=tuple(f for f in wanted if f in g.static),
-            fv_names=fv_names,
-            rate_names=rate_names,
-            request=tuple(request),
-            gpm=gpm,
-            mig_fb=bool(wanted & _MIG_FB),
-            mig_gpm=tuple(f for f in gpm if f in _MIG_GPM),
-        )
 
     # --- GpuBackend ---------------------------------------------------------------------------------
 
@@ -544,7 +295,7 @@ class NvmlBackend:
         if plan is None:
             if len(g.plans) > 32:
                 g.plans.clear()
-            plan = g.plans[fields] = self._make_plan(g, (fields & supported) - _NOT_READ - g.labels.keys())
+            plan = g.plans[fields] = make_plan(self._nvml, g.static, (fields & supported) - NOT_READ - g.labels.keys())
         n, h, stats = self._nvml, g.handle, _PassStats()
         values: dict[str, Value] = {}
         for group in plan.groups:
@@ -576,7 +327,7 @@ class NvmlBackend:
         log.debug("GPU %d: NVML call failed: %s", gpu, exc)
 
     def _read_field_values(
-        self, gpu: int, g: _Gpu, plan: _Plan, values: dict[str, Value], stats: _PassStats
+        self, gpu: int, g: _Gpu, plan: Plan, values: dict[str, Value], stats: _PassStats
     ) -> None:
         try:
             results = self._nvml.nvmlDeviceGetFieldValues(g.handle, list(plan.request))
@@ -585,30 +336,7 @@ class NvmlBackend:
             self._failed(gpu, exc, stats)
             return
         lost = self._nvml.NVML_ERROR_GPU_IS_LOST
-        for name, r in zip(plan.fv_names, results, strict=False):
-            if r.nvmlReturn == lost:
-                raise GpuLostError(gpu, "NVML_ERROR_GPU_IS_LOST (fallen off the bus?)")
-            if r.nvmlReturn != 0:
-                continue
-            fv = FIELD_VALUES[name]
-            raw = getattr(r.value, _FV_ATTR[r.valueType])
-            if fv.max_valid is not None and raw > fv.max_valid:
-                continue
-            values[name] = raw * fv.scale if fv.scale != 1.0 else int(raw)
-        i = len(plan.fv_names)
-        for name in plan.rate_names:
-            rate = RATE_FIELDS[name]
-            parts = results[i : i + len(rate.counters)]
-            i += len(rate.counters)
-            if any(p.nvmlReturn != 0 for p in parts):
-                continue
-            total = float(sum(getattr(p.value, _FV_ATTR[p.valueType]) for p in parts))
-            stamp = max(int(p.timestamp) for p in parts)
-            prev = g.rate_prev.get(name)
-            g.rate_prev[name] = (total, stamp)
-            if prev is not None and stamp > prev[1] and total >= prev[0]:
-                per_s = (total - prev[0]) * rate.unit_bytes / ((stamp - prev[1]) / 1e6)
-                values[name] = int(per_s / rate.per_s_divisor)
+        values.update(convert_field_values(gpu, plan, results, lost, g.rate_prev))
 
     def _gpm_pass(
         self, gpu: int, g: _Gpu, gi: int | None, names: tuple[str, ...], stats: _PassStats
@@ -645,30 +373,21 @@ class NvmlBackend:
                 m = req.metrics[i]
                 if m.nvmlReturn != 0 or math.isnan(m.value):
                     continue
-                scale = GPM_FIELDS[name][1]
-                out[name] = m.value * scale if scale < 1 else int(m.value * scale)
+                out[name] = gpm_value(name, m.value)
         st.prev, st.cur, st.have_prev = st.cur, st.prev, True
         return out
 
     def _read_instance(
-        self, gpu: int, g: _Gpu, gi: int, mh: Any, plan: _Plan, stats: _PassStats
+        self, gpu: int, g: _Gpu, gi: int, mh: Any, plan: Plan, stats: _PassStats
     ) -> dict[str, Value]:
         values: dict[str, Value] = {}
         if plan.mig_fb:
             try:
-                values.update(_memory(self._nvml, mh))
+                values.update(memory_v2(self._nvml, mh))
                 stats.ok += 1
             except self._error:
                 try:
-                    m = self._nvml.nvmlDeviceGetMemoryInfo(mh)
-                    values.update(
-                        {
-                            "DCGM_FI_DEV_FB_TOTAL": m.total // MIB,
-                            "DCGM_FI_DEV_FB_FREE": m.free // MIB,
-                            "DCGM_FI_DEV_FB_USED": m.used // MIB,
-                            "DCGM_FI_DEV_FB_RESERVED": 0,
-                        }
-                    )
+                    values.update(memory_v1(self._nvml.nvmlDeviceGetMemoryInfo(mh)))
                     stats.ok += 1
                 except self._error as exc:
                     self._failed(gpu, exc, stats)
