@@ -122,6 +122,7 @@ class Runtime:
             if name not in new:
                 self._stop_destination(old)
                 self.cardinality_metrics.untrack(name)
+                self.rm.forget_destination(name)  # its gpu_relay_* series left with it
         self.destinations = new
         dests = [new[d.name] for d in config.destinations]
         return Pipeline(
@@ -319,7 +320,10 @@ def run(config_path: str) -> int:
     dests = ", ".join(f"{d.name}{' (dry run)' if d.dry_run else ''}" for d in config.destinations)
     print(f"gpu-relay {__version__}: receiving remote-write on {server.url}/api/v1/write; destinations: {dests}")
     print(f"  self-metrics {server.url}/metrics · cardinality {server.url}/api/v1/cardinality", flush=True)
-    stop.wait()
+    # Wait with a timeout: the kernel may deliver SIGHUP/SIGTERM to any of our threads, and Python runs
+    # the handler only when the main thread next executes bytecode, which an untimed wait never does.
+    while not stop.wait(0.5):
+        pass
     log.info("shutting down")
     if scraper is not None:
         scraper.stop()

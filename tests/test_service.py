@@ -4,8 +4,11 @@ one `gpu-relay run` subprocess reloaded with SIGHUP."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import http.client
 import json
+import os
 import re
 import signal
 import socket
@@ -517,6 +520,9 @@ def test_metrics_exposes_relay_names(start: StartRelay, rx: RecordingServer) -> 
     t = now_ms()
     assert relay.post([(S("up"), [(t, 1.0)])]) == 204
     assert wait_until(lambda: relay.metric("gpu_relay_samples_sent_total", destination="rx") == 1)
+    queue = relay.runtime.destinations["rx"].queue
+    assert queue is not None
+    assert wait_until(lambda: queue.depth() == (0, 0))  # acked just after being counted as sent
     status, headers, body = relay.request("GET", "/metrics")
     assert status == 200
     assert headers["content-type"].startswith("text/plain")
@@ -648,6 +654,17 @@ def _out_metrics(url: str) -> set[str]:
     return {m["metric"] for m in snap["top_metrics"]["out"]}
 
 
+def _signal_other_thread(pid: int, sig: int) -> None:
+    """Deliver ``sig`` to a thread of ``pid`` other than its main thread, as the kernel may do with a
+    process-directed signal (tgkill(2) through glibc; else a plain kill)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+    if not hasattr(libc, "tgkill") or not tids:
+        os.kill(pid, sig)
+        return
+    assert libc.tgkill(pid, tids[-1], sig) == 0, ctypes.get_errno()
+
+
 def test_sighup_reloads_a_running_process(tmp_path: Path) -> None:
     def cfg(regex: str, backoff: str = "50ms") -> str:
         return f"""\
@@ -678,14 +695,15 @@ destinations:
         assert _out_metrics(url) == {"a_1", "b_2"}
 
         path.write_text(cfg("c_.*", backoff="5q").replace("@PORT@", port))
-        proc.p.send_signal(signal.SIGHUP)
+        _signal_other_thread(proc.p.pid, signal.SIGHUP)  # handled even when not the main thread's
         assert wait_until(lambda: _http_metric(url, failure) == 1.0, timeout=10), proc.tail()
         assert _http_metric(url, success) == 1.0
         assert _http_post(url, [(S("b_3"), [(t, 1.0)]), (S("c_3"), [(t, 1.0)])]) == 204
         assert _out_metrics(url) == {"a_1", "b_2", "b_3"}
         assert proc.p.poll() is None
         assert 'destinations[0].queue.max_backoff: invalid duration "5q"' in proc.tail(80)
-    assert proc.p.returncode == 0
+        _signal_other_thread(proc.p.pid, signal.SIGTERM)
+        assert proc.p.wait(10) == 0  # a clean stop, not the SIGKILL Proc.stop falls back to
 
 
 def _raw_exchange(relay: Relay, request: bytes) -> bytes:
@@ -764,3 +782,17 @@ def test_reload_keeps_aggregation_windows_in_progress(tmp_path: Path) -> None:
         }
     finally:
         runtime.stop()
+
+
+def test_reload_removing_a_destination_forgets_it(start: StartRelay, rx: RecordingServer, tmp_path: Path) -> None:
+    relay = start(simple_dest(rx.url) + "  - name: gone\n    url: http://127.0.0.1:1/api/v1/write\n"
+                  "    dry_run: true\n")
+    assert relay.post([(S("up"), [(now_ms(), 1.0)])]) == 204
+    assert relay.metric("gpu_relay_samples_kept_total", destination="gone") == 1
+    relay.config_path.write_text(config_text(tmp_path, simple_dest(rx.url)))
+    assert relay.request("POST", "/-/reload", b"")[0] == 200
+    status, body = relay.get_json("/api/v1/cardinality?destination=gone")
+    assert status == 404 and body["destinations"] == ["rx"]
+    text = relay.request("GET", "/metrics")[2].decode()
+    assert 'destination="gone"' not in text
+    assert 'gpu_relay_samples_kept_total{destination="rx"} 1.0' in text
