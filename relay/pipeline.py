@@ -55,6 +55,10 @@ def _labels_of(lb: bytes) -> Callable[[], Labels]:
     return lambda: wire.decode_labels(lb)
 
 
+def _const(labels: Labels) -> Callable[[], Labels]:
+    return lambda: labels
+
+
 class _DestinationStage:
     """The stateful per-destination stages after the cached rules: aggregate, limits, sharding."""
 
@@ -69,6 +73,7 @@ class _DestinationStage:
     ) -> None:
         self.name = dest.name
         self.dest = dest
+        self.amp_limits = AmpLimits()  # the pipeline sets its own
         self.stats = stats
         self.metrics = metrics
         self.queue = queue
@@ -141,6 +146,7 @@ class _DestinationStage:
         aggregator = self.aggregator
         limiter = self.limiter
         observe = self.stats.tracker_out.observe
+        contains = self.stats.tracker_out.contains
         wrap = wire.wrap_series
         kept = routed = 0
         for decision, rest, n in entries:
@@ -154,12 +160,11 @@ class _DestinationStage:
                 aggregator.add(rule, group, sid, wire.decode_samples(rest), self.is_counter(metric))
                 drops["aggregated"] = drops.get("aggregated", 0) + n
                 continue
-            if limiter is not None:
-                if not limiter.admit(sid, metric, _labels_of(lb)):
-                    drops["series_limit"] = drops.get("series_limit", 0) + n
-                    continue
-            else:
+            if limiter is None or contains(sid):
                 observe(sid, metric)
+            elif not limiter.admit(sid, metric, _labels_of(lb)):
+                drops["series_limit"] = drops.get("series_limit", 0) + n
+                continue
             shard = sid % shards
             parts[shard].append(wrap(lb, rest))
             counts[shard] += n
@@ -177,11 +182,27 @@ class _DestinationStage:
         out = self.aggregator.flush(now_ms - AGGREGATE_GRACE_MS)
         parts: list[list[bytes]] = [[] for _ in range(self.shards)]
         counts = [0] * self.shards
+        drops: dict[str, int] = {}
         for labels, ts, value in out:
+            # Aggregate outputs are series of this destination like any other: the same AMP
+            # per-series checks and cardinality limits apply (DESIGN.md: aggregate -> limits).
+            violation = amp_violation(labels, self.amp_limits)
+            if violation is not None:
+                drops[violation] = drops.get(violation, 0) + 1
+                continue
             sid = wire.series_id(wire.encode_labels(labels))
-            self.stats.tracker_out.observe(sid, label_get(labels, METRIC_NAME), labels)
+            metric = label_get(labels, METRIC_NAME)
+            if self.limiter is not None:
+                if not self.limiter.admit(sid, metric, _const(labels)):
+                    drops["series_limit"] = drops.get("series_limit", 0) + 1
+                    continue
+            else:
+                self.stats.tracker_out.observe(sid, metric, labels)
             parts[sid % self.shards].append(wire.encode_write_request([(labels, [(ts, value)])]))
             counts[sid % self.shards] += 1
+        for reason, n in drops.items():
+            self.metrics.samples_dropped_total.labels(self.name, reason).inc(n)
+            self.stats.record_drop(reason, series=0, samples=n)
         return [(s, b"".join(parts[s]), counts[s]) for s in range(self.shards) if counts[s]]
 
 
@@ -214,6 +235,8 @@ class Pipeline:
             _DestinationStage(d, self.stats[i], metrics, cardinality, queues[i], clock)
             for i, d in enumerate(config.destinations)
         ]
+        for stage in self.stages:
+            stage.amp_limits = self.amp_limits
         by_name = {s.name: s for s in self.stages}
         self.collisions = CollisionDetector(
             active=lambda dest, sid: by_name[dest].stats.tracker_out.contains(sid)

@@ -531,3 +531,44 @@ def test_previous_pipeline_hands_over_unchanged_aggregators(make: MakeHarness, t
         ("gpu_util:30s_without_gpu_pod_max", T0 + 30_000, 3.0),
         ("gpu_util:30s_without_gpu_pod_sum", T0 + 30_000, 6.0),
     }
+
+
+def test_aggregate_outputs_are_subject_to_the_destination_series_limit(tmp_path: Path) -> None:
+    """DESIGN.md orders aggregate before limits: aggregate outputs count against max_series."""
+    from prometheus_client import CollectorRegistry
+
+    from relay.cardinality import CardinalityMetrics, DestinationStats
+    from relay.config import parse_config
+    from relay.metrics import RelayMetrics
+    from relay.pipeline import Pipeline
+    from relay.queue import DurableQueue
+
+    t0 = 1_699_999_980_000
+    cfg = parse_config(f"""storage: {{path: {tmp_path}}}
+destinations:
+  - name: amp
+    url: http://127.0.0.1:1/api/v1/write
+    aggregate:
+      - match: '{{__name__="m"}}'
+        without: [gpu]
+        interval: 30s
+        outputs: [avg]
+    limits: {{max_series: 1}}
+    queue: {{max_shards: 1}}
+""")
+    reg = CollectorRegistry()
+    rm, cm = RelayMetrics(reg), CardinalityMetrics(reg)
+    stats = [DestinationStats("amp", metrics=cm)]
+    q = DurableQueue(tmp_path / "amp.db", 1 << 30)
+    now = [t0 / 1000]
+    p = Pipeline(cfg, rm, stats, [q], cardinality=cm, clock=lambda: now[0])
+    series = [(tuple(sorted({"__name__": "m", "node": str(n), "gpu": str(g)}.items())), [(t0 + 1000, float(g))])
+              for n in range(5) for g in range(2)]
+    p.ingest(wire.encode_write_request(series))
+    now[0] = t0 / 1000 + 60
+    p.flush_aggregates()
+    out = [lb for s in q.shards() for e in q.peek(s, 1 << 30) for lb, _ in wire.decode_write_request(e.payload)]
+    assert [dict(x)["node"] for x in out] == ["0"]
+    assert reg.get_sample_value(
+        "gpu_relay_samples_dropped_total", {"destination": "amp", "reason": "series_limit"}) == 4
+    q.close()
