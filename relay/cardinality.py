@@ -98,6 +98,20 @@ class SeriesTracker:
             self._peak = len(self._series)
         return True
 
+    def observe_many(self, items: list[tuple[int, str]]) -> None:
+        """``observe`` for a request's worth of series (no labels): one clock read for all."""
+        gen = self._gen()
+        series = self._series
+        wslots = self._wslots
+        for series_id, metric in items:
+            slot = series.get(series_id)
+            if slot is not None and slot.gen == gen:
+                continue  # the common case: already seen in this slot
+            if slot is not None and gen - slot.gen <= wslots:
+                series[series_id] = self._slot(slot.metric, gen, slot.lgen)
+            else:
+                self.observe(series_id, metric)
+
     def _forget(self, series_id: int, slot: _Slot) -> None:
         del self._series[series_id]
         self._decrement(slot.metric, 1)

@@ -27,6 +27,7 @@ from relay.labels import get as label_get
 from relay.limits import AmpLimits, CollisionDetector, SeriesLimiter, amp_violation
 from relay.metrics import RelayMetrics
 from relay.proto import remote_v1_pb2
+from relay.protowire import encode_uvarint
 from relay.queue import DurableQueue
 from relay.rules import Rules
 from relay.selector import parse_selector
@@ -145,9 +146,9 @@ class _DestinationStage:
         aggregated = self.aggregated
         aggregator = self.aggregator
         limiter = self.limiter
-        observe = self.stats.tracker_out.observe
         contains = self.stats.tracker_out.contains
-        wrap = wire.wrap_series
+        seen: list[tuple[int, str]] = []
+        prefix = wire.LEN_PREFIX
         kept = routed = 0
         for decision, rest, n in entries:
             routed += n
@@ -161,14 +162,16 @@ class _DestinationStage:
                 drops["aggregated"] = drops.get("aggregated", 0) + n
                 continue
             if limiter is None or contains(sid):
-                observe(sid, metric)
+                seen.append((sid, metric))
             elif not limiter.admit(sid, metric, _labels_of(lb)):
                 drops["series_limit"] = drops.get("series_limit", 0) + n
                 continue
             shard = sid % shards
-            parts[shard].append(wrap(lb, rest))
+            size = len(lb) + len(rest)  # one WriteRequest field-1 entry: tag, length, labels, rest
+            parts[shard] += (b"\n", prefix[size] if size < 0x4000 else encode_uvarint(size), lb, rest)
             counts[shard] += n
             kept += n
+        self.stats.tracker_out.observe_many(seen)
         for reason, n in drops.items():
             if n:
                 self.metrics.samples_dropped_total.labels(self.name, reason).inc(n)
@@ -289,9 +292,7 @@ class Pipeline:
                 histograms=routed.histograms_in,
                 exemplars=routed.exemplars_in,
             )
-            observe_in = self.tracker_in.observe
-            for decision, _rest, _n in routed.per_dest[0]:
-                observe_in(decision[1], decision[2])
+            self.tracker_in.observe_many([(d[1], d[2]) for d, _rest, _n in routed.per_dest[0]])
             if routed.metadata:
                 self._learn_counters(routed.metadata)
             pieces_per_dest: list[list[Piece]] = []

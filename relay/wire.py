@@ -58,6 +58,8 @@ _V2_PROTO = "io.prometheus.write.v2.request"
 _DOUBLE = struct.Struct("<d")
 _ZERO8 = bytes(8)
 _U1 = [bytes((i,)) for i in range(128)]  # one-byte varints, the common case for lengths
+# Varint length prefixes up to 16 KiB, precomputed: a series entry's prefix is one list lookup.
+LEN_PREFIX: list[bytes] = [encode_uvarint(i) for i in range(1 << 14)]
 
 
 def parse_content_type(content_type: str | None) -> int:
@@ -152,7 +154,7 @@ def decode_labels(label_key: bytes) -> Labels:
 
 
 def _len_prefix(n: int) -> bytes:
-    return _U1[n] if n < 0x80 else encode_uvarint(n)
+    return LEN_PREFIX[n] if n < 0x4000 else encode_uvarint(n)
 
 
 def encode_label_pair(name: bytes, value: bytes) -> bytes:

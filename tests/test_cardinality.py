@@ -215,3 +215,21 @@ def test_tracker_matches_a_naive_model_of_last_seen_times(steps: list[tuple[int,
             assert t.active() == len(last)
             for m in "abc":
                 assert t.active_for_metric(m) == sum(1 for v in last.values() if v[0] == m)
+
+
+def test_observe_many_matches_observe_one_by_one() -> None:
+    now = [0.0]
+    a = SeriesTracker(window_s=600, clock=lambda: now[0])
+    b = SeriesTracker(window_s=600, clock=lambda: now[0])
+    batches = [[(1, "m"), (2, "m"), (3, "n")], [(1, "m"), (4, "n")], [(2, "m")], [(5, "m"), (1, "m")]]
+    for step, batch in enumerate(batches):
+        now[0] = step * 400.0  # crosses slots and lets series leave the window
+        a.observe_many(batch)
+        for sid, metric in batch:
+            b.observe(sid, metric)
+        assert a.active() == b.active()
+        assert a.top_metrics(5) == b.top_metrics(5)
+        assert all(a.contains(s) == b.contains(s) for s in range(1, 6))
+    now[0] = 5000.0
+    assert a.expire() == b.expire()
+    assert a.active() == b.active() == 0
