@@ -8,6 +8,7 @@ Reasons use the names AMP/Cortex report in CloudWatch ``DiscardedSamples`` (``la
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,10 +37,12 @@ def _too_long(text: str, limit: int) -> bool:
     return len(text) > limit or (len(text) * 4 > limit and len(text.encode()) > limit)
 
 
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
 def _valid_name(name: str, colon: bool) -> bool:
-    if not name or name[0].isdigit():
-        return False
-    return all(c.isascii() and (c.isalnum() or c == "_" or (colon and c == ":")) for c in name)
+    return (_METRIC_NAME if colon else _LABEL_NAME).fullmatch(name) is not None
 
 
 def amp_violation(labels: Labels, limits: AmpLimits = AmpLimits()) -> str | None:
