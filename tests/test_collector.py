@@ -12,22 +12,8 @@ import pytest
 from exporter.backend import DeviceInfo, Entity, GpuLostError, MigInstance, Value
 from exporter.collector import Collector, Exposition, health_of
 from exporter.xid import XidState
+from tests.exporter_stubs import Pod, Spec
 from tests.helpers import wait_until
-
-
-@dataclass(frozen=True)
-class Spec:
-    field: str
-    kind: str
-    help: str
-
-
-@dataclass(frozen=True)
-class Pod:
-    pod: str
-    namespace: str
-    container: str
-
 
 SPECS = [
     Spec("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from exporter.backend import DeviceInfo, MigInstance, Value
@@ -16,26 +14,13 @@ from exporter.render import (
     wants_openmetrics,
     with_pod,
 )
+from tests.exporter_stubs import Pod, Spec
 
 H200 = DeviceInfo(0, "GPU-8b2281de-6d3c-22ed-0ec8-d3b864870b8b", "00000000:8D:00.0", "NVIDIA H200", 0)
 MIG = MigInstance(1, "3g.71gb", "MIG-5c2b9a8e-0000-5000-8000-000000000001")
 DRIVER = {"DCGM_FI_DRIVER_VERSION": "580.159.04"}
 BASE = ('{gpu="0",UUID="GPU-8b2281de-6d3c-22ed-0ec8-d3b864870b8b",pci_bus_id="00000000:8D:00.0",'
         'device="nvidia0",modelName="NVIDIA H200"')
-
-
-@dataclass(frozen=True)
-class Spec:
-    field: str
-    kind: str
-    help: str
-
-
-@dataclass(frozen=True)
-class Pod:
-    pod: str
-    namespace: str
-    container: str
 
 
 @pytest.mark.parametrize(
