@@ -18,7 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from relay import __version__, wire
@@ -103,7 +103,6 @@ class Runtime:
             sender: Sender | None = None
             if not d.dry_run:
                 queue = DurableQueue(storage / f"{d.name}.queue.db", d.queue.max_disk)
-                auth_refresh = None
                 transport = self.transport_factory(d)
                 auth_refresh = getattr(transport, "refresh_credentials", None)
                 sender = Sender(
@@ -192,7 +191,7 @@ class Runtime:
             counts = None
             if version == 2:
                 raw, counts = wire.v2_to_v1(raw)
-            result = self.pipeline.ingest(raw)
+            self.pipeline.ingest(raw)
         except wire.WireError as e:
             self.rm.requests_received_total.labels(str(e.status)).inc()
             return Reply(e.status, (str(e).splitlines()[0] + "\n").encode())
@@ -208,7 +207,6 @@ class Runtime:
                 "X-Prometheus-Remote-Write-Histograms-Written": str(counts.histograms),
                 "X-Prometheus-Remote-Write-Exemplars-Written": str(counts.exemplars),
             }
-        del result
         return Reply(204, b"", headers=extra)
 
     def metrics(self, accept: str) -> Reply:
@@ -357,4 +355,4 @@ def start_scraper(config: Config, runtime: Runtime) -> Any:
     return scraper
 
 
-__all__ = ["Runtime", "generate_latest", "run"]
+__all__ = ["Runtime", "run"]
