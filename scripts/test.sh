@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-echo "== ruff"; .venv/bin/ruff check exporter relay tests bench scripts
+echo "== ruff"; .venv/bin/ruff check exporter relay telemetry_common tests bench scripts
 echo "== mypy"; .venv/bin/mypy
 echo "== pytest"; .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

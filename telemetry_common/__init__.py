@@ -1,0 +1,1 @@
+"""Code shared by gpu-exporter and gpu-relay (logging set-up)."""
