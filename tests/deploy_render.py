@@ -236,3 +236,34 @@ def ingress_allowed(policies: Sequence[Doc], pod_ns: str, pod_labels: Mapping[st
             if peer_ok and port_ok:
                 return True
     return False
+
+
+# -- alerts.yaml under promtool ------------------------------------------------------------------------
+
+ALERTS = "monitoring/alerts.yaml"
+
+
+def rule_groups() -> list[dict[str, Any]]:
+    rule = find(load_yaml_file(ALERTS), "PrometheusRule")
+    assert rule["metadata"]["name"] and rule["metadata"]["namespace"] == EXPORTER_NS
+    groups: list[dict[str, Any]] = rule["spec"]["groups"]
+    return groups
+
+
+def alert_rules() -> dict[str, dict[str, Any]]:
+    return {r["alert"]: r for g in rule_groups() for r in g["rules"] if "alert" in r}
+
+
+def write_rules(directory: Path) -> Path:
+    path = directory / "alerts.rules.yml"
+    path.write_text(yaml.safe_dump({"groups": rule_groups()}))
+    return path
+
+
+def promtool_test(tmp_path: Path, tests: list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:
+    promtool = require_binary("promtool")
+    write_rules(tmp_path)
+    spec = {"rule_files": ["alerts.rules.yml"], "evaluation_interval": "1m", "tests": tests}
+    (tmp_path / "alerts.test.yml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return subprocess.run([promtool, "test", "rules", "alerts.test.yml"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
