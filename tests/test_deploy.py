@@ -267,13 +267,18 @@ def test_dockerfile_copies_only_files_that_exist_and_are_not_dockerignored() -> 
         assert src.rstrip("/") not in ignored, src
 
 
-def test_dockerfile_runs_as_non_root_and_exposes_both_ports() -> None:
+def test_dockerfile_runs_as_non_root_and_exposes_the_three_ports() -> None:
     stage = final_stage()
     (user,) = [a for k, a in stage if k == "USER"]
     uid = user.split(":")[0]
     assert uid.isdigit() and int(uid) == 65532
     exposed = {p for k, a in stage if k == "EXPOSE" for p in a.split()}
-    assert {"9400", "9201"} <= exposed
+    assert {"9400", "9201", "9202"} <= exposed  # exporter, relay write, relay telemetry
+
+
+def test_dockerfile_comments_point_at_files_that_exist() -> None:
+    for ref in re.findall(r"(?<![\w/])(deploy/[\w./-]+\w)", (ROOT / "Dockerfile").read_text()):
+        assert (ROOT / ref).exists(), ref
 
 
 def entrypoint() -> list[str]:
