@@ -349,3 +349,12 @@ def test_daemonset_args_and_env_are_accepted_by_the_exporter_flag_parser() -> No
     assert (s.listen_port, s.interval_s, s.kubernetes) == (9400, 5.0, True)
     assert s.pod_resources_socket.startswith("/var/lib/kubelet/pod-resources/")
     assert s.hostname == "gpu-node-1"
+
+
+def test_docs_deploy_names_only_files_that_exist() -> None:
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    refs = re.findall(r"`((?:deploy/|overlays/|tests/)[\w./-]+\w)`", text)
+    assert len(refs) >= 8
+    for ref in refs:
+        path = ROOT / ref if not ref.startswith("overlays/") else DEPLOY / ref
+        assert path.exists(), ref
