@@ -17,7 +17,6 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from exporter.counters_csv import load_counters
-from exporter.selfmetrics import BuildInfo, DeviceStat, SelfState, render_self_metrics
 from relay.cardinality import CardinalityMetrics
 from relay.metrics import RelayMetrics
 from tests.deploy_render import DEPLOY
@@ -45,10 +44,14 @@ def exposition_names(text: str) -> set[str]:
     return {m.group(1) for m in re.finditer(r"^([a-zA-Z_:][\w:]*)[{ ]", text, re.M)}
 
 
-def exporter_self_metrics() -> str:
-    state = SelfState(devices=[DeviceStat(0, "GPU-a", True, 0.01, 0)], build=BuildInfo("0", "3.11", "nvml"),
-                      last_collection_ts=1.0, kubelet_errors=0, xid_counts={(0, "GPU-a", 79): 1})
-    return render_self_metrics(state)
+def exporter_self_metric_names() -> set[str]:
+    """The families exporter/selfmetrics.py renders (each `out.family("<name>", "<kind>", ...)`)."""
+    import exporter.selfmetrics as sm
+
+    source = Path(sm.__file__).read_text()
+    families = re.findall(r'family\(\s*"(\w+)",\s*"(\w+)"', source)
+    assert families, "exporter/selfmetrics.py renders no family"
+    return {sm.PREFIX + name for name, _kind in families}
 
 
 def relay_metric_names() -> set[str]:
@@ -67,7 +70,7 @@ def relay_metric_names() -> set[str]:
 
 def known_metrics() -> set[str]:
     dcgm = {c.field for c in load_counters(None)} | {"DCGM_FI_DEV_XID_ERRORS"}
-    return dcgm | exposition_names(exporter_self_metrics()) | relay_metric_names()
+    return dcgm | exporter_self_metric_names() | relay_metric_names()
 
 
 _PROMQL_WORDS = {
