@@ -161,6 +161,7 @@ def test_relay_sidecar_environment_provides_every_variable_of_the_config(sidecar
     assert wanted == {"AMP_REMOTE_WRITE_URL", "AWS_REGION", "CLUSTER_NAME", "POD_NAME"}
     env = {e["name"]: e for e in relay["env"]}
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["GPU_RELAY_LOG_FORMAT"]["value"] == "json"  # one JSON object per line for the log stack
     (src,) = relay["envFrom"]
     assert src == {"configMapRef": {"name": "gpu-relay-env"}}  # not optional: no pod without it
     readme = (ROOT / "README.md").read_text()
