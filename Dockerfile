@@ -31,10 +31,10 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
  && mkdir -p /var/lib/gpu-relay \
  && chown 65532:65532 /var/lib/gpu-relay
 # Numeric, so Kubernetes' runAsNonRoot can verify it. The exporter's DaemonSet overrides it with
-# uid 0 (no capabilities) only to reach the root-owned kubelet socket; see deploy/daemonset.yaml.
+# uid 0 (no capabilities) only to reach the root-owned kubelet socket; see deploy/exporter/daemonset.yaml.
 USER 65532:65532
 WORKDIR /var/lib/gpu-relay
-EXPOSE 9400 9201
+EXPOSE 9400 9201 9202
 # A three-line dispatcher in the image's /bin/sh: exec keeps the program as PID 1 (signals reach it).
 ENTRYPOINT ["/bin/sh", "-c", "case \"$1\" in gpu-exporter|gpu-relay) exec \"$@\" ;; *) exec gpu-exporter \"$@\" ;; esac", "gpu-telemetry"]
 CMD []
