@@ -15,10 +15,11 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TextIO, cast
 
 from relay import __version__
-from relay.config import Config, ConfigError, load_config
+from relay.config import Config, ConfigError, load_config, parse_config
 from relay.explain import Explainer, Outcome
 from relay.labels import METRIC_NAME, Labels, canonical, make
 from relay.preflight import MachineProbe
@@ -253,6 +254,36 @@ def _cmd_test_rules(args: argparse.Namespace) -> int:
     return explain(explainer, sys.stdin, input_format, output_format, sys.stdout, sys.stderr)
 
 
+def _cmd_import_prometheus(args: argparse.Namespace) -> int:
+    promimport = importlib.import_module("relay.promimport")
+    try:
+        imported = promimport.import_prometheus(args.prometheus_config, args.relay_url, args.storage_path)
+    except promimport.ImportError_ as e:
+        print(f"gpu-relay import-prometheus: {e}", file=sys.stderr)
+        return 1
+    for note in imported.skipped:
+        print(f"gpu-relay import-prometheus: {note}", file=sys.stderr)
+    names = promimport.variables(imported.relay_config)
+    if names:
+        print(f"gpu-relay import-prometheus: the relay config uses environment variables {', '.join(names)}: "
+              "set them where the relay runs", file=sys.stderr)  # fmt: skip
+    env = {**os.environ, **{n: "x" for n in names if n not in os.environ}}
+    try:  # what check-config will say about it: errors fail the import, warnings are shown
+        config = parse_config(imported.relay_config, args.output or "relay.yaml", env=env)
+    except ConfigError as e:
+        for issue in e.errors:
+            print(issue, file=sys.stderr)
+        return 1
+    for warning in config.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if args.output:
+        Path(args.output).write_text(imported.relay_config, encoding="utf-8")
+        print(imported.prometheus_entry, end="")
+    else:
+        print(imported.relay_config + "---\n" + imported.prometheus_entry, end="")
+    return 0
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     service = importlib.import_module("relay.service")
     run = cast(Callable[[str], int], service.run)
@@ -318,6 +349,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-format", choices=formats, help="what is printed (default: text)")
     p.add_argument("--format", choices=formats, help="sets both --input-format and --output-format")
     p.set_defaults(func=_cmd_test_rules)
+
+    p = sub.add_parser(
+        "import-prometheus",
+        parents=[common],
+        help="relay config from a prometheus.yml's remote_write, and the entry that points Prometheus at the relay",
+        description="Prints a relay config built from the file's remote_write and global.external_labels, then "
+        "(after a --- line) the one remote_write entry to put back into prometheus.yml in place of its own.",
+    )
+    p.add_argument("prometheus_config", help="prometheus.yml")
+    p.add_argument("-o", "--output", help="write the relay config to this file; print only the Prometheus entry")
+    p.add_argument("--relay-url", default="http://127.0.0.1:9201/api/v1/write", help="default: %(default)s")
+    p.add_argument("--storage-path", default="/var/lib/gpu-relay", help="storage.path (default: %(default)s)")
+    p.set_defaults(func=_cmd_import_prometheus)
 
     p = sub.add_parser("report", parents=[common], help="cardinality report from a running relay")
     p.add_argument("--url", default="http://127.0.0.1:9201", help="the relay (default: %(default)s)")

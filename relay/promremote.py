@@ -15,6 +15,8 @@ The keys and their meaning are Prometheus's (config/config.go ``RemoteWriteConfi
                                 ``batch_send_deadline``, ``min_backoff``, ``max_backoff``;
                                 ``sample_age_limit`` -> ``max_sample_age``
 ``metadata_config.send``        ``send_metadata``
+``basic_auth``, ``authorization``,  the ``Authorization`` header (not with ``sigv4``)
+``bearer_token``
 ==============================  ===========================================================
 
 A key of Prometheus's that the relay cannot honour is accepted with a warning naming it (see
@@ -24,7 +26,9 @@ defaults, not Prometheus's (``max_shards`` 8, ``max_samples_per_send`` 1000).
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import types
 
 from yaml.nodes import Node, ScalarNode
 
@@ -33,7 +37,9 @@ from relay.config_model import DestinationConfig, QueueConfig
 from relay.yamlnodes import Reader
 
 HONOURED = ("url", "name", "remote_timeout", "headers", "write_relabel_configs", "sigv4", "queue_config",
-            "metadata_config")  # fmt: skip
+            "metadata_config", "basic_auth", "authorization", "bearer_token")  # fmt: skip
+BASIC_AUTH_KEYS = ("username", "password", "username_file", "password_file")
+AUTHORIZATION_KEYS = ("type", "credentials", "credentials_file")
 _NOT_SUPPORTED = "not supported by the relay"
 _AUTH = "the relay signs with sigv4 or sends headers only: requests go out without this authentication"
 _FORWARDS = "the relay forwards what Prometheus sends it: set this on the Prometheus entry that points at the relay"
@@ -43,10 +49,7 @@ NOT_HONOURED: dict[str, tuple[str, object]] = {
     "send_native_histograms": (_FORWARDS, True),
     "round_robin_dns": (_NOT_SUPPORTED, False),
     "protobuf_message": ("the relay sends remote write 1.0 (prometheus.WriteRequest)", "prometheus.WriteRequest"),
-    "basic_auth": (_AUTH, None),
-    "authorization": (_AUTH, None),
     "oauth2": (_AUTH, None),
-    "bearer_token": (_AUTH, None),
     "bearer_token_file": (_AUTH, None),
     "azuread": (_AUTH, None),
     "google_iam": (_AUTH, None),
@@ -110,6 +113,8 @@ def parse_remote_write(r: Reader, node: Node, path: str, probe: parts.Probe | No
     sigv4 = parts.sigv4(r, sigv4_node, f"{path}.sigv4", SIGV4_KEYS, region_default=region)
     parts.check_sigv4(r, url or "", sigv4, sigv4_node, f"{path}.sigv4", probe)
     headers = parts.headers(r, m.get("headers"), f"{path}.headers", sigv4=sigv4 is not None)
+    if (auth := _authorization(r, m, path, sigv4 is not None)) is not None:
+        headers = types.MappingProxyType({**headers, "Authorization": auth})
     relabel = parts.relabel(r, m.get("write_relabel_configs"), f"{path}.write_relabel_configs")
     queue = _queue(r, m, path)
     send_metadata = True
@@ -118,6 +123,36 @@ def parse_remote_write(r: Reader, node: Node, path: str, probe: parts.Probe | No
         _warn_not_honoured(r, md, qpath, METADATA_NOT_HONOURED)
         send_metadata = r.boolean(md.get("send"), f"{qpath}.send", True)
     return DestinationConfig(name, url or "", sigv4, headers, relabel, queue=queue, send_metadata=send_metadata)
+
+
+def _authorization(r: Reader, m: dict[str, Node], path: str, sigv4: bool) -> str | None:
+    """basic_auth, authorization or bearer_token as the Authorization header (at most one, not with sigv4)."""
+    given = [k for k in ("basic_auth", "authorization", "bearer_token") if not r.is_absent(m.get(k))]
+    if not given:
+        return None
+    if len(given) > 1 or sigv4:
+        both = ", ".join(given + (["sigv4"] if sigv4 else []))
+        r.error(m[given[-1]], f"{path}.{given[-1]}", f"at most one of basic_auth, authorization, bearer_token and "
+                f"sigv4 may be set (got {both})")  # fmt: skip
+        return None
+    key, node = given[0], m[given[0]]
+    if key == "bearer_token":
+        token = r.optional_string(node, f"{path}.bearer_token")
+        return f"Bearer {token}" if token else None
+    keys = BASIC_AUTH_KEYS if key == "basic_auth" else AUTHORIZATION_KEYS
+    am = r.mapping(node, f"{path}.{key}", keys) or {}
+    for file_key in ("username_file", "password_file", "credentials_file"):
+        if file_key in am:
+            r.warn(am[file_key], f"{path}.{key}.{file_key}", "not honoured: write the value itself (with ${VAR})")
+    if key == "basic_auth":
+        user = r.string(am.get("username"), f"{path}.basic_auth.username", "")
+        password = r.string(am.get("password"), f"{path}.basic_auth.password", "")
+        return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+    kind = r.string(am.get("type"), f"{path}.authorization.type", "Bearer")
+    if kind.lower() == "basic":
+        r.error(am.get("type", node), f"{path}.authorization.type", 'use basic_auth for "Basic"')
+    credentials = r.string(am.get("credentials"), f"{path}.authorization.credentials", "")
+    return f"{kind} {credentials}" if credentials else None
 
 
 def _queue(r: Reader, m: dict[str, Node], path: str) -> QueueConfig:

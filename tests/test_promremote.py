@@ -69,7 +69,8 @@ def test_keys_the_relay_cannot_honour_are_warnings_naming_them() -> None:
 @pytest.mark.parametrize(
     ("entry", "warning"),
     [
-        ("    basic_auth: {username: u, password: p}\n", "remote_write[0].basic_auth: not honoured: the relay signs"),
+        ("    oauth2: {client_id: c}\n", "remote_write[0].oauth2: not honoured: the relay signs"),
+        ("    basic_auth: {username: u, password_file: /p}\n", "basic_auth.password_file: not honoured"),
         ("    tls_config: {insecure_skip_verify: true}\n", "remote_write[0].tls_config: not honoured"),
         ("    send_native_histograms: false\n", "remote_write[0].send_native_histograms: not honoured"),
         ("    protobuf_message: io.prometheus.write.v2.Request\n", "remote_write[0].protobuf_message: not honoured"),
@@ -186,3 +187,27 @@ def test_bad_remote_write_entries_are_errors_with_line_and_path(text: str, prefi
     assert len(lines) == len(prefixes), lines
     for line, prefix in zip(lines, prefixes, strict=True):
         assert line.startswith(prefix), line
+
+
+@pytest.mark.parametrize(
+    ("entry", "header"),
+    [
+        ("    basic_auth: {username: u, password: p}\n", "Basic dTpw"),
+        ("    authorization: {credentials: t0k}\n", "Bearer t0k"),
+        ("    authorization: {type: Token, credentials: t0k}\n", "Token t0k"),
+        ("    bearer_token: t0k\n", "Bearer t0k"),
+    ],
+)
+def test_prometheus_http_auth_becomes_the_authorization_header(entry: str, header: str) -> None:
+    config = parse_config("remote_write:\n  - url: http://127.0.0.1:9/w\n    headers: {X-A: b}\n" + entry)
+    assert dict(config.destinations[0].headers) == {"X-A": "b", "Authorization": header}
+    assert header.split()[-1] not in repr(config.warnings)
+
+
+def test_two_kinds_of_auth_are_refused_as_prometheus_refuses_them() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"remote_write:\n  - url: {AMP}\n    sigv4: {{}}\n    bearer_token: t\n")
+    assert str(info.value) == (
+        "relay.yaml:4: remote_write[0].bearer_token: at most one of basic_auth, authorization, bearer_token and "
+        "sigv4 may be set (got bearer_token, sigv4)"
+    )
