@@ -19,6 +19,7 @@ from relay.config_model import (
     ServerConfig,
     SigV4Config,
 )
+from relay.promremote import default_name
 
 DOC = Path(__file__).parent.parent / "docs" / "relay-config.md"
 
@@ -100,4 +101,4 @@ def test_the_reference_examples_parse() -> None:
     rw = next(b for b in blocks if b.startswith("remote_write:"))
     text = whole + dest + rw.replace("ws-0123", "ws-4567")
     parsed = config.parse_config(text.replace("${POD_NAME}", "p"), env={})
-    assert [d.name for d in parsed.destinations][0] == "amp"
+    assert [d.name for d in parsed.destinations] == ["amp", default_name("https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-4567/api/v1/remote_write")]
