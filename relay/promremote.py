@@ -3,21 +3,17 @@
 The keys and their meaning are Prometheus's (config/config.go ``RemoteWriteConfig``, ``QueueConfig``,
 ``MetadataConfig``; prometheus/sigv4 ``SigV4Config``). Each maps onto :class:`DestinationConfig`:
 
-==============================  ===========================================================
-``url``, ``name``, ``headers``  the same; a missing ``name`` becomes ``rw-`` and the first 6
-                                hex digits of the URL's SHA-256 (Prometheus hashes the whole
-                                entry; this one stays put while the entry is edited, and so
-                                does the queue on disk that is named after it)
-``remote_timeout``              ``queue.timeout``
-``write_relabel_configs``       the same
-``sigv4``                       ``sigv4`` (``region`` defaults to the AMP URL's region)
-``queue_config``                ``max_shards``, ``max_samples_per_send``,
-                                ``batch_send_deadline``, ``min_backoff``, ``max_backoff``;
-                                ``sample_age_limit`` -> ``max_sample_age``
-``metadata_config.send``        ``send_metadata``
-``basic_auth``, ``authorization``,  the ``Authorization`` header (not with ``sigv4``)
-``bearer_token``
-==============================  ===========================================================
+- ``url``, ``headers``, ``write_relabel_configs``: the same;
+- ``name``: the same; a missing one becomes ``rw-`` and the first 6 hex digits of the URL's
+  SHA-256 (Prometheus hashes the whole entry; this one stays put while the entry is edited, and so
+  does the queue on disk that is named after it);
+- ``remote_timeout``: ``queue.timeout``;
+- ``sigv4``: ``sigv4`` (``region`` defaults to the AMP URL's region);
+- ``queue_config``: ``max_shards``, ``max_samples_per_send``, ``batch_send_deadline``,
+  ``min_backoff``, ``max_backoff``; ``sample_age_limit`` is ``max_sample_age``;
+- ``metadata_config.send``: ``send_metadata``;
+- ``basic_auth``, ``authorization``, ``bearer_token``: the ``Authorization`` header (at most one,
+  and not with ``sigv4``, as Prometheus requires).
 
 A key of Prometheus's that the relay cannot honour is accepted with a warning naming it (see
 :data:`NOT_HONOURED`); a key Prometheus does not know is an error. Keys left out take the relay's
