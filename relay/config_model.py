@@ -98,7 +98,7 @@ class DestinationConfig:
     name: str
     url: str
     sigv4: SigV4Config | None = None
-    headers: Mapping[str, str] = field(default_factory=no_headers, hash=False)  # read-only
+    headers: Mapping[str, str] = field(default_factory=no_headers, hash=False, repr=False)  # may hold secrets
     write_relabel_configs: tuple[RelabelConfig, ...] = ()
     prune_labels: tuple[str, ...] = ()
     aggregate: tuple[AggregateConfig, ...] = ()

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from relay.config import ConfigError, DestinationConfig, QueueConfig, SigV4Config, parse_config
@@ -211,3 +213,13 @@ def test_two_kinds_of_auth_are_refused_as_prometheus_refuses_them() -> None:
         "relay.yaml:4: remote_write[0].bearer_token: at most one of basic_auth, authorization, bearer_token and "
         "sigv4 may be set (got bearer_token, sigv4)"
     )
+
+
+def test_credentials_never_appear_in_the_config_s_repr() -> None:
+    config = parse_config(
+        "remote_write:\n  - url: http://127.0.0.1:9/w\n    basic_auth: {username: u, password: hunter2}\n"
+        f"  - url: {AMP}\n    sigv4: {{access_key: AKIAEXAMPLE, secret_key: s3cr3t}}\n"
+    )
+    text = repr(config)
+    assert "hunter2" not in text and base64.b64encode(b"u:hunter2").decode() not in text
+    assert "s3cr3t" not in text
