@@ -2,7 +2,8 @@
 
 From a Prometheus config it builds
 - a relay config: ``external_labels`` from ``global.external_labels`` and every ``remote_write``
-  entry as it is (the relay reads Prometheus's syntax; what it cannot honour it warns about), and
+  entry as it is (the relay reads Prometheus's syntax; what it cannot honour it warns about), an
+  unnamed AMP entry named ``amp`` and a name the relay cannot use made of its letters, digits and ``-``; and
 - the one ``remote_write`` entry Prometheus keeps, pointing at the relay. When every original entry
   starts with a ``keep`` on ``__name__``, that entry keeps the union of their regexes, so Prometheus
   sends the relay only what some destination wants; ``send_exemplars`` / ``send_native_histograms``
@@ -21,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from relay.config_parts import DEST_NAME_RE
+from relay.config_parts import DEST_NAME_RE, amp_region
 
 RELAY_WRITE_URL = "http://127.0.0.1:9201/api/v1/write"
 ENTRY_NAME = "gpu-relay"
@@ -69,6 +70,7 @@ def import_prometheus(
             skipped.append(f"remote_write[{i}] already writes to the relay ({entry['url']}): left out")
             continue
         kept.append(_relay_entry(entry))
+    _name_amp_entries(kept)
     if not kept:
         raise ImportError_(f"{filename}: no remote_write entry to import")
     glob = doc.get("global") or {}
@@ -92,6 +94,16 @@ def _relay_entry(entry: dict[str, Any]) -> dict[str, Any]:
     if isinstance(name, str) and name and not DEST_NAME_RE.fullmatch(name):
         out["name"] = re.sub(r"[^A-Za-z0-9_-]", "-", name)
     return out
+
+
+def _name_amp_entries(entries: list[dict[str, Any]]) -> None:
+    """An unnamed AMP entry is named ``amp`` (``amp-2``, ... when taken): a name to read in logs."""
+    taken = {e.get("name") for e in entries}
+    for entry in entries:
+        if not entry.get("name") and amp_region(str(entry["url"])) is not None:
+            name = next(n for n in ("amp", *(f"amp-{i}" for i in range(2, len(entries) + 2))) if n not in taken)
+            entry["name"] = name
+            taken.add(name)
 
 
 def _prometheus_entry(originals: list[Any], kept: list[dict[str, Any]], relay_url: str) -> str:

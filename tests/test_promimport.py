@@ -74,6 +74,7 @@ def test_seed_block_keeps_its_amp_url_region_keep_rule_and_external_labels(
     config = load_config(tmp_path / "relay.yaml")
     assert config.external_labels == (("cluster", "gpu-prod"),)
     (amp,) = config.destinations
+    assert amp.name == "amp"  # an unnamed AMP entry gets a name to read in logs
     assert amp.url == "https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-EXAMPLE/api/v1/remote_write"
     assert amp.sigv4 is not None and amp.sigv4.region == "us-east-1"
     assert (amp.queue.max_shards, amp.queue.max_samples_per_send) == (200, 1000)
@@ -167,3 +168,14 @@ def test_dollars_in_copied_values_round_trip_through_the_relay_s_expansion(tmp_p
     (tmp_path / "relay.yaml").write_text(imported.relay_config)
     (d,) = load_config(tmp_path / "relay.yaml", env={}).destinations
     assert d.write_relabel_configs[0].replacement == "$$x-${1}-$1"
+
+
+def test_unnamed_amp_entries_get_names_that_do_not_clash(tmp_path: Path) -> None:
+    path = tmp_path / "prometheus.yml"
+    url = "https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-{}/api/v1/remote_write"
+    path.write_text(
+        f"remote_write:\n  - url: {url.format(1)}\n  - url: {url.format(2)}\n    name: amp\n"
+        f"  - url: {url.format(3)}\n  - url: http://h:1/w\n"
+    )
+    entries = yaml.safe_load(import_prometheus(path).relay_config)["remote_write"]
+    assert [e.get("name") for e in entries] == ["amp-2", "amp", "amp-3", None]
