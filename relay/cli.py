@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TextIO, cast
 
-from relay import __version__
+from relay import __version__, promimport
 from relay.config import Config, ConfigError, load_config, parse_config
 from relay.explain import Explainer, Outcome
 from relay.labels import METRIC_NAME, Labels, canonical, make
@@ -255,7 +255,6 @@ def _cmd_test_rules(args: argparse.Namespace) -> int:
 
 
 def _cmd_import_prometheus(args: argparse.Namespace) -> int:
-    promimport = importlib.import_module("relay.promimport")
     try:
         imported = promimport.import_prometheus(args.prometheus_config, args.relay_url, args.storage_path)
     except promimport.ImportError_ as e:

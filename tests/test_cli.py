@@ -383,7 +383,7 @@ def test_version_everywhere(argv: list[str], capsys: pytest.CaptureFixture[str])
     assert capsys.readouterr().out == f"gpu-relay {__version__}\n"
 
 
-@pytest.mark.parametrize("command", ["run", "check-config", "test-rules", "report"])
+@pytest.mark.parametrize("command", ["run", "check-config", "test-rules", "report", "import-prometheus"])
 def test_help_for_every_command(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main([command, "-h"])
