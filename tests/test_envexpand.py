@@ -3,6 +3,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from relay.config import ConfigError, load_config, parse_config
 from relay.envexpand import ExpansionIssue, expand
@@ -86,3 +88,14 @@ def test_the_process_environment_is_the_default(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("GPU_RELAY_TEST_CLUSTER", "from-env")
     config = parse_config("external_labels: {cluster: '${GPU_RELAY_TEST_CLUSTER}'}\n" + D)
     assert config.external_labels == (("cluster", "from-env"),)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.text(alphabet="ab$:{}-_#\n \r", max_size=80),
+    st.dictionaries(st.sampled_from(["a", "b", "ab"]), st.text(alphabet="xy$ {}", max_size=5), max_size=3),
+)
+def test_expansion_never_moves_a_line(text: str, env: dict[str, str]) -> None:
+    out, issues = expand(text, env)
+    assert len(out.splitlines()) == len(text.splitlines())
+    assert all(1 <= i.line <= len(text.splitlines()) for i in issues)
