@@ -15,12 +15,15 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TextIO, cast
 
-from relay import __version__
-from relay.config import Config, ConfigError, load_config
+from relay import __version__, promimport
+from relay.config import Config, ConfigError, load_config, parse_config
+from relay.explain import Explainer, Outcome
 from relay.labels import METRIC_NAME, Labels, canonical, make
-from relay.rules import Rules, UnknownDestinationError
+from relay.preflight import MachineProbe
+from relay.rules import NO_METRIC_NAME, UnknownDestinationError
 
 _NAME_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_:")
 _NAME_CHARS = _NAME_START | frozenset("0123456789")
@@ -162,12 +165,15 @@ def format_json(labels: Labels | None) -> str:
     return "null" if labels is None else json.dumps(dict(labels), ensure_ascii=False)
 
 
-def explain(rules: Rules, destination: int, lines: Iterable[str], fmt: str, out: TextIO, err: TextIO) -> int:
-    """Print what ``destination`` would be sent for each series line; 1 when some line is malformed."""
-    parse = parse_json_series if fmt == "json" else parse_series
-    render: Callable[[Labels | None], str] = (
-        format_json if fmt == "json" else (lambda lb: "DROPPED" if lb is None else canonical(lb))
-    )
+def explain(
+    explainer: Explainer, lines: Iterable[str], input_format: str, output_format: str, out: TextIO, err: TextIO
+) -> int:
+    """Print, line for line, what the destination gets from each series; 1 when a line was malformed.
+
+    Text: the series as sent, ``DROPPED by <rule>``, ``DROPPED: no metric name`` or ``AGGREGATED by
+    <rule> into: <series>, ...``. JSON: an object, ``null`` (dropped) or a list (the aggregate
+    outputs). A malformed line prints ``ERROR: <reason>`` in its place (and on stderr)."""
+    parse = parse_json_series if input_format == "json" else parse_series
     status = 0
     for number, raw in enumerate(lines, 1):
         line = raw.rstrip("\r\n")
@@ -178,10 +184,25 @@ def explain(rules: Rules, destination: int, lines: Iterable[str], fmt: str, out:
             labels = parse(line)
         except SeriesSyntaxError as e:
             err.write(f"<stdin>:{number}: {e}\n")
+            out.write(f"ERROR: {e}\n")
             status = 1
             continue
-        out.write(render(rules.apply(destination, labels)) + "\n")
+        out.write(_render(explainer.explain(labels), output_format) + "\n")
     return status
+
+
+def _render(o: Outcome, output_format: str) -> str:
+    if output_format == "json":
+        if o.aggregated_by is not None:
+            return json.dumps([dict(s) for s in o.aggregated_into], ensure_ascii=False)
+        return format_json(o.sent)
+    if o.sent is not None:
+        return canonical(o.sent)
+    if o.aggregated_by is not None:
+        return f"AGGREGATED by {o.aggregated_by} into: " + ", ".join(canonical(s) for s in o.aggregated_into)
+    if o.dropped_by == NO_METRIC_NAME:
+        return f"DROPPED: {NO_METRIC_NAME}"
+    return f"DROPPED by {o.dropped_by}"
 
 
 def summary(config: Config) -> str:
@@ -200,9 +221,9 @@ def _n(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def _load(path: str) -> Config | None:
+def _load(path: str, probe: MachineProbe | None = None) -> Config | None:
     try:
-        return load_config(path)
+        return load_config(path, probe=probe)
     except ConfigError as e:
         for issue in e.errors:
             print(issue, file=sys.stderr)
@@ -210,9 +231,11 @@ def _load(path: str) -> Config | None:
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
-    config = _load(args.config)
+    config = _load(args.config, MachineProbe())
     if config is None:
         return 1
+    for warning in config.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     print(summary(config))
     return 0
 
@@ -221,13 +244,43 @@ def _cmd_test_rules(args: argparse.Namespace) -> int:
     config = _load(args.config)
     if config is None:
         return 1
-    rules = Rules(config)
     try:
-        index = rules.index(args.destination) if args.destination is not None else 0
+        explainer = Explainer(config, args.destination if args.destination is not None else 0)
     except UnknownDestinationError as e:
         print(f"gpu-relay test-rules: {e}", file=sys.stderr)
         return 2
-    return explain(rules, index, sys.stdin, args.format, sys.stdout, sys.stderr)
+    input_format = args.input_format or args.format or "text"
+    output_format = args.output_format or args.format or "text"
+    return explain(explainer, sys.stdin, input_format, output_format, sys.stdout, sys.stderr)
+
+
+def _cmd_import_prometheus(args: argparse.Namespace) -> int:
+    try:
+        imported = promimport.import_prometheus(args.prometheus_config, args.relay_url, args.storage_path)
+    except promimport.ImportError_ as e:
+        print(f"gpu-relay import-prometheus: {e}", file=sys.stderr)
+        return 1
+    for note in imported.skipped:
+        print(f"gpu-relay import-prometheus: {note}", file=sys.stderr)
+    names = promimport.variables(imported.relay_config)
+    if names:
+        print(f"gpu-relay import-prometheus: the relay config uses environment variables {', '.join(names)}: "
+              "set them where the relay runs", file=sys.stderr)  # fmt: skip
+    env = {**os.environ, **{n: "x" for n in names if n not in os.environ}}
+    try:  # what check-config will say about it: errors fail the import, warnings are shown
+        config = parse_config(imported.relay_config, args.output or "relay.yaml", env=env)
+    except ConfigError as e:
+        for issue in e.errors:
+            print(issue, file=sys.stderr)
+        return 1
+    for warning in config.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if args.output:
+        Path(args.output).write_text(imported.relay_config, encoding="utf-8")
+        print(imported.prometheus_entry, end="")
+    else:
+        print(imported.relay_config + "---\n" + imported.prometheus_entry, end="")
+    return 0
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -284,13 +337,30 @@ def build_parser() -> argparse.ArgumentParser:
         "test-rules",
         parents=[common],
         help="print what a destination would be sent for series read on stdin",
-        description="Reads series on stdin, one per line, and prints for each what the destination would be "
-        "sent after external_labels, global relabel, write_relabel_configs and prune_labels, or DROPPED.",
+        description="Reads series on stdin, one per line, and prints on the same line what the destination "
+        "would be sent after external_labels, global relabel, write_relabel_configs and prune_labels, or which "
+        "rule DROPPED it, or the aggregate output series it feeds; a malformed line prints ERROR: <reason>.",
     )
     p.add_argument("--config", required=True, help="relay.yaml")
     p.add_argument("--destination", help="destination name (default: the first)")
-    p.add_argument("--format", choices=("text", "json"), default="text", help="input and output format")
+    formats = ("text", "json")
+    p.add_argument("--input-format", choices=formats, help="series on stdin (default: text)")
+    p.add_argument("--output-format", choices=formats, help="what is printed (default: text)")
+    p.add_argument("--format", choices=formats, help="sets both --input-format and --output-format")
     p.set_defaults(func=_cmd_test_rules)
+
+    p = sub.add_parser(
+        "import-prometheus",
+        parents=[common],
+        help="relay config from a prometheus.yml's remote_write, and the entry that points Prometheus at the relay",
+        description="Prints a relay config built from the file's remote_write and global.external_labels, then "
+        "(after a --- line) the one remote_write entry to put back into prometheus.yml in place of its own.",
+    )
+    p.add_argument("prometheus_config", help="prometheus.yml")
+    p.add_argument("-o", "--output", help="write the relay config to this file; print only the Prometheus entry")
+    p.add_argument("--relay-url", default="http://127.0.0.1:9201/api/v1/write", help="default: %(default)s")
+    p.add_argument("--storage-path", default="/var/lib/gpu-relay", help="storage.path (default: %(default)s)")
+    p.set_defaults(func=_cmd_import_prometheus)
 
     p = sub.add_parser("report", parents=[common], help="cardinality report from a running relay")
     p.add_argument("--url", default="http://127.0.0.1:9201", help="the relay (default: %(default)s)")

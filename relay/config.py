@@ -1,135 +1,67 @@
-"""The relay's YAML config, parsed once into frozen dataclasses.
+"""The relay's YAML config, parsed once into frozen dataclasses (:mod:`relay.config_model`).
 
 Every problem is reported, not just the first, each naming the file, the 1-based line of the
 offending key or value and the field path: ``relay.yaml:12: destinations[0].queue.max_backoff:
-invalid duration "5q"``. The YAML is composed into nodes (which carry their line) and walked by a
-schema-aware reader (:class:`relay.yamlnodes.Reader`); relabel rules go to :mod:`relay.relabel` and
-aggregate selectors to :mod:`relay.selector`, whose errors are mapped back to lines the same way.
+invalid duration "5q"``. ``${VAR}`` / ``${VAR:-default}`` are expanded first, line by line
+(:mod:`relay.envexpand`). The YAML is then composed into nodes (which carry their line) and walked
+by a schema-aware reader (:class:`relay.yamlnodes.Reader`); relabel rules go to :mod:`relay.relabel`,
+aggregate selectors to :mod:`relay.selector`, and the entries of a Prometheus-style
+``remote_write:`` list to :mod:`relay.promremote`; all become :class:`DestinationConfig`.
+
+``probe`` (check-config only) adds warnings about the machine the check runs on: a sigv4 profile
+that does not exist there, a ``storage.path`` that cannot be created or written.
 """
 
 from __future__ import annotations
 
-import re
-import types
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import yaml
-from yaml.nodes import Node, SequenceNode
+from yaml.nodes import MappingNode, Node, SequenceNode
 
+from relay import config_parts as parts
 from relay import labels as lb
-from relay.relabel import RelabelConfig, RelabelConfigError, parse_relabel_configs
+from relay.config_model import AGGREGATE_OUTPUTS as AGGREGATE_OUTPUTS
+from relay.config_model import (
+    AggregateConfig,
+    Config,
+    ConfigError,
+    DestinationConfig,
+    LimitsConfig,
+    QueueConfig,
+    ScrapeConfig,
+    ServerConfig,
+    SigV4Config,
+)
+from relay.config_model import MiB as MiB
+from relay.config_parts import Probe, check_sigv4
+from relay.envexpand import expand
+from relay.promremote import parse_remote_write
+from relay.relabel import RelabelConfig
 from relay.selector import SelectorError, parse_selector
 from relay.yamlnodes import ConfigIssue as ConfigIssue
 from relay.yamlnodes import Reader, check_unique, node_at
 
-MiB = 1024**2
-AGGREGATE_OUTPUTS = ("sum", "avg", "min", "max", "count_series", "last", "total")
-_DEST_NAME_RE = re.compile(r"[A-Za-z0-9_-]+")
-_LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-_HEADER_NAME_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_RESERVED_HEADERS = (
-    "content-encoding", "content-length", "content-type", "host", "user-agent",
-    "x-prometheus-remote-write-version",
-)  # fmt: skip
-_SIGV4_HEADERS = ("authorization", "x-amz-date", "x-amz-security-token", "x-amz-content-sha256")
+__all__ = [
+    "AggregateConfig", "Config", "ConfigError", "ConfigIssue", "DestinationConfig", "LimitsConfig",
+    "Probe", "QueueConfig", "ScrapeConfig", "ServerConfig", "SigV4Config", "load_config", "parse_config",
+]  # fmt: skip
+
+ROOT_KEYS = ("server", "external_labels", "global", "storage", "scrape", "remote_write", "destinations")
+SERVER_KEYS = ("listen", "max_request_bytes", "telemetry_listen", "max_concurrent_requests", "read_timeout",
+               "idle_timeout", "enable_lifecycle")  # fmt: skip
+DESTINATION_KEYS = ("name", "url", "sigv4", "headers", "write_relabel_configs", "prune_labels", "aggregate",
+                    "limits", "queue", "dry_run", "send_metadata")  # fmt: skip
+SIGV4_KEYS = ("region", "role_arn", "external_id", "profile", "service", "access_key", "secret_key")
+LIMITS_KEYS = ("max_series", "max_series_per_metric", "window")
+AGGREGATE_KEYS = ("match", "without", "by", "interval", "outputs")
+SCRAPE_KEYS = ("job_name", "scrape_interval", "scrape_timeout", "metrics_path", "scheme", "static_configs")
+EXTERNAL_RESERVED_OK = ("__replica__",)  # AMP's HA dedup label, beside "cluster"
 
 
-class ConfigError(ValueError):
-    """Every problem found in one config; ``str()`` is one ``file:line: path: message`` per line."""
-
-    def __init__(self, errors: list[ConfigIssue]) -> None:
-        self.errors = list(errors)
-        super().__init__("\n".join(str(e) for e in self.errors))
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    listen: str = "127.0.0.1:9201"
-    max_request_bytes: int = 32 * MiB  # after decompression
-
-
-@dataclass(frozen=True)
-class ScrapeConfig:
-    job_name: str
-    scrape_interval: float = 15.0
-    scrape_timeout: float = 10.0  # never above scrape_interval
-    targets: tuple[str, ...] = ()  # host:port, from every static_configs entry
-    metrics_path: str = "/metrics"
-    scheme: str = "http"
-
-
-@dataclass(frozen=True)
-class SigV4Config:
-    region: str
-    role_arn: str | None = None
-    external_id: str | None = None
-    profile: str | None = None
-    service: str = "aps"
-
-
-@dataclass(frozen=True)
-class AggregateConfig:
-    """Exactly one of ``without`` and ``by`` was given; the other is ``()``. ``by`` is never empty."""
-
-    match: str
-    without: tuple[str, ...] = ()
-    by: tuple[str, ...] = ()
-    interval: float = 60.0  # seconds
-    outputs: tuple[str, ...] = ("sum",)
-
-
-@dataclass(frozen=True)
-class LimitsConfig:
-    max_series: int | None = None
-    max_series_per_metric: int | None = None
-    window: float = 3600.0  # seconds a series stays active after its last sample
-
-
-@dataclass(frozen=True)
-class QueueConfig:
-    max_samples_per_send: int = 1000
-    batch_send_deadline: float = 5.0
-    max_shards: int = 8
-    min_backoff: float = 0.03
-    max_backoff: float = 5.0
-    max_sample_age: float = 3600.0
-    max_disk: int = 1024 * MiB
-    timeout: float = 30.0  # per HTTP request
-
-
-def _no_headers() -> Mapping[str, str]:
-    return types.MappingProxyType({})
-
-
-@dataclass(frozen=True)
-class DestinationConfig:
-    name: str
-    url: str
-    sigv4: SigV4Config | None = None
-    headers: Mapping[str, str] = field(default_factory=_no_headers, hash=False)  # read-only
-    write_relabel_configs: tuple[RelabelConfig, ...] = ()
-    prune_labels: tuple[str, ...] = ()
-    aggregate: tuple[AggregateConfig, ...] = ()
-    limits: LimitsConfig = LimitsConfig()
-    queue: QueueConfig = QueueConfig()
-    dry_run: bool = False
-
-
-@dataclass(frozen=True)
-class Config:
-    server: ServerConfig = ServerConfig()
-    external_labels: lb.Labels = ()
-    global_relabel: tuple[RelabelConfig, ...] = ()
-    storage_path: Path = Path("/var/lib/gpu-relay")
-    scrape: tuple[ScrapeConfig, ...] = ()
-    destinations: tuple[DestinationConfig, ...] = ()
-    source: str = "relay.yaml"  # the file name the config was read from, as given
-
-
-def load_config(path: str | Path) -> Config:
+def load_config(path: str | Path, env: Mapping[str, str] | None = None, probe: Probe | None = None) -> Config:
     """Read and parse one config file; raises :class:`ConfigError`, also when it cannot be read."""
     filename = str(path)
     try:
@@ -137,11 +69,18 @@ def load_config(path: str | Path) -> Config:
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise ConfigError([ConfigIssue(filename, 0, "", f"cannot read the config: {reason}")]) from e
-    return parse_config(text, filename)
+    return parse_config(text, filename, env, probe)
 
 
-def parse_config(text: str, filename: str = "relay.yaml") -> Config:
-    """Parse config text; raises :class:`ConfigError` listing every problem, sorted by line."""
+def parse_config(
+    text: str, filename: str = "relay.yaml", env: Mapping[str, str] | None = None, probe: Probe | None = None
+) -> Config:
+    """Parse config text; raises :class:`ConfigError` listing every problem, sorted by line.
+
+    ``env`` (default: ``os.environ``) supplies ``${VAR}``; an unset one is an error on its line."""
+    text, unset = expand(text, os.environ if env is None else env)
+    if unset:
+        raise ConfigError([ConfigIssue(filename, u.line, "", u.message) for u in unset])
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:
@@ -155,52 +94,101 @@ def parse_config(text: str, filename: str = "relay.yaml") -> Config:
             [ConfigIssue(filename, 1, "", "empty config: at least one destination is required")]
         )
     r = Reader(filename)
-    config = _parse_root(r, root)
+    config = _parse_root(r, root, probe)
     if r.issues:
         raise ConfigError(sorted(r.issues, key=lambda i: i.line))
-    return config
+    warnings = tuple(str(w) for w in sorted(r.warnings, key=lambda i: i.line))
+    return Config(config.server, config.external_labels, config.global_relabel, config.storage_path,
+                  config.scrape, config.destinations, config.source, warnings)  # fmt: skip
 
 
-def _parse_root(r: Reader, root: Node) -> Config:
-    keys = ("server", "external_labels", "global", "storage", "scrape", "destinations")
-    m = r.mapping(root, "", keys)
+def _parse_root(r: Reader, root: Node, probe: Probe | None) -> Config:
+    m = r.mapping(root, "", ROOT_KEYS)
     if m is None:
         return Config(source=r.filename)
-    server = ServerConfig()
-    if (s := r.mapping(m.get("server"), "server", ("listen", "max_request_bytes"))) is not None:
-        listen = r.string(s.get("listen"), "server.listen", ServerConfig.listen)
-        if "listen" in s and listen:
-            _check_host_port(r, s["listen"], "server.listen", listen)
-        size = r.size(s.get("max_request_bytes"), "server.max_request_bytes", ServerConfig.max_request_bytes)
-        server = ServerConfig(listen, size)
+    server = _server(r, m.get("server"))
     external = r.string_entries(m.get("external_labels"), "external_labels")
     for name, value, knode, vnode in external:
-        _check_label_name(r, knode, f"external_labels.{name}", name, reserved_ok=False)
+        parts.check_label_name(r, knode, f"external_labels.{name}", name, reserved_ok=EXTERNAL_RESERVED_OK)
         if value == "":
             r.error(vnode, f"external_labels.{name}", "empty value (an empty label value means no label)")
     relabel: tuple[RelabelConfig, ...] = ()
     if (g := r.mapping(m.get("global"), "global", ("relabel_configs",))) is not None:
-        relabel = _relabel(r, g.get("relabel_configs"), "global.relabel_configs")
+        relabel = parts.relabel(r, g.get("relabel_configs"), "global.relabel_configs")
     storage = Config.storage_path
     if (st := r.mapping(m.get("storage"), "storage", ("path",))) is not None:
         if (text := r.optional_string(st.get("path"), "storage.path")) == "":
             r.error(st["path"], "storage.path", "must not be empty")
         storage = Path(text) if text else storage
+    if probe is not None and (problem := probe.storage_problem(storage)):
+        at = st["path"] if st is not None and "path" in st else root
+        r.warn(at, "storage.path", f"{problem} (on this machine)")
     jobs = [(_scrape(r, n, p), n) for n, p in r.sequence(m.get("scrape"), "scrape")]
     check_unique(r, [(s.job_name, n) for s, n in jobs], "scrape", "job_name")
-    dnode = r.require(m, root, "", "destinations")
-    dests = [(_destination(r, n, p), n) for n, p in r.sequence(dnode, "destinations")]
-    if isinstance(dnode, SequenceNode) and not dests:
-        r.error(dnode, "destinations", "at least one destination is required")
-    check_unique(r, [(d.name, n) for d, n in dests], "destinations", "name")
+    dests = _all_destinations(r, root, m, probe)
     labels = lb.make((name, value) for name, value, _, _ in external)
-    return Config(server, labels, relabel, storage, tuple(s for s, _ in jobs), tuple(d for d, _ in dests),
-                  r.filename)  # fmt: skip
+    return Config(server, labels, relabel, storage, tuple(s for s, _ in jobs), dests, r.filename)
+
+
+def _all_destinations(
+    r: Reader, root: Node, m: dict[str, Node], probe: Probe | None
+) -> tuple[DestinationConfig, ...]:
+    """``destinations:`` and ``remote_write:`` in the order the file lists them; names unique across."""
+    found: list[tuple[int, DestinationConfig, Node, str]] = []  # (line, destination, name node, path)
+    for key in ("destinations", "remote_write"):
+        items = r.sequence(m.get(key), key)
+        if isinstance(m.get(key), SequenceNode) and not items and key == "destinations":
+            r.error(m[key], key, "at least one destination is required")
+        for node, path in items:
+            if key == "destinations":
+                d = _destination(r, node, path, probe)
+            else:
+                d = parse_remote_write(r, node, path, probe)
+            found.append((node.start_mark.line, d, _name_node(node), path))
+    if "destinations" not in m and "remote_write" not in m:
+        r.error(root, "destinations", "missing required key (or remote_write)")
+    found.sort(key=lambda f: f[0])
+    first: dict[str, int] = {}
+    for _, d, node, path in found:
+        if d.name and d.name in first:
+            r.error(node, f"{path}.name", f'duplicate name "{d.name}" (first at line {first[d.name]})')
+        first.setdefault(d.name, node.start_mark.line + 1)
+    return tuple(d for _, d, _, _ in found)
+
+
+def _name_node(node: Node) -> Node:
+    return node_at(node, "name") if isinstance(node, MappingNode) else node
+
+
+def _server(r: Reader, node: Node | None) -> ServerConfig:
+    d = ServerConfig()
+    s = r.mapping(node, "server", SERVER_KEYS)
+    if s is None:
+        return d
+    listen = r.string(s.get("listen"), "server.listen", d.listen)
+    if "listen" in s and listen:
+        parts.check_host_port(r, s["listen"], "server.listen", listen)
+    telemetry = r.optional_string(s.get("telemetry_listen"), "server.telemetry_listen")
+    tnode = s.get("telemetry_listen")
+    tpath = "server.telemetry_listen"
+    if telemetry is not None and tnode is not None and parts.check_host_port(r, tnode, tpath, telemetry) and (
+        telemetry == listen
+    ):
+        r.error(tnode, tpath, "must differ from listen (leave it out to serve telemetry on "
+                "the write listener)")  # fmt: skip
+    return ServerConfig(
+        listen,
+        r.size(s.get("max_request_bytes"), "server.max_request_bytes", d.max_request_bytes),
+        telemetry,
+        r.integer(s.get("max_concurrent_requests"), "server.max_concurrent_requests", d.max_concurrent_requests),
+        r.duration(s.get("read_timeout"), "server.read_timeout", d.read_timeout, positive=True),
+        r.duration(s.get("idle_timeout"), "server.idle_timeout", d.idle_timeout, positive=True),
+        r.boolean(s.get("enable_lifecycle"), "server.enable_lifecycle", d.enable_lifecycle),
+    )
 
 
 def _scrape(r: Reader, node: Node, path: str) -> ScrapeConfig:
-    keys = ("job_name", "scrape_interval", "scrape_timeout", "metrics_path", "scheme", "static_configs")
-    m = r.mapping(node, path, keys)
+    m = r.mapping(node, path, SCRAPE_KEYS)
     if m is None:
         return ScrapeConfig("")
     job = r.required_string(m, node, path, "job_name")
@@ -222,78 +210,45 @@ def _scrape(r: Reader, node: Node, path: str) -> ScrapeConfig:
     for sc, sp in r.sequence(m.get("static_configs"), f"{path}.static_configs"):
         if (scm := r.mapping(sc, sp, ("targets",))) is not None:
             for target, tn, tp in r.string_items(r.require(scm, sc, sp, "targets"), f"{sp}.targets"):
-                if _check_host_port(r, tn, tp, target):
+                if parts.check_host_port(r, tn, tp, target):
                     targets.append(target)
     return ScrapeConfig(job or "", interval, timeout, tuple(targets), metrics_path, scheme)
 
 
-def _destination(r: Reader, node: Node, path: str) -> DestinationConfig:
-    keys = ("name", "url", "sigv4", "headers", "write_relabel_configs", "prune_labels", "aggregate", "limits",
-            "queue", "dry_run")  # fmt: skip
-    m = r.mapping(node, path, keys)
+def _destination(r: Reader, node: Node, path: str, probe: Probe | None) -> DestinationConfig:
+    m = r.mapping(node, path, DESTINATION_KEYS)
     if m is None:
         return DestinationConfig("", "")
     name = r.required_string(m, node, path, "name")
-    if name is not None and not _DEST_NAME_RE.fullmatch(name):
+    if name is not None and not parts.DEST_NAME_RE.fullmatch(name):
         r.error(m["name"], f"{path}.name", f'invalid name "{name}": use letters, digits, "_" and "-" only')
     url = r.required_string(m, node, path, "url")
     if url is not None:
-        _check_url(r, m["url"], f"{path}.url", url)
-    sigv4 = _sigv4(r, m.get("sigv4"), f"{path}.sigv4")
-    headers: dict[str, str] = {}
-    reserved = _RESERVED_HEADERS + (_SIGV4_HEADERS if sigv4 is not None else ())
-    for hname, value, knode, vnode in r.string_entries(m.get("headers"), f"{path}.headers"):
-        hpath = f"{path}.headers.{hname}"
-        if not _HEADER_NAME_RE.fullmatch(hname):
-            r.error(knode, hpath, "invalid header name")
-        elif hname.lower() in reserved:
-            why = " when sigv4 is set" if hname.lower() in _SIGV4_HEADERS else ""
-            r.error(knode, hpath, f"reserved header{why}: the relay sets it")
-        if "\r" in value or "\n" in value:
-            r.error(vnode, hpath, "header values may not contain line breaks")
-        headers[hname] = value
-    write_relabel = _relabel(r, m.get("write_relabel_configs"), f"{path}.write_relabel_configs")
+        parts.check_url(r, m["url"], f"{path}.url", url)
+    sigv4 = parts.sigv4(r, m.get("sigv4"), f"{path}.sigv4", SIGV4_KEYS)
+    check_sigv4(r, url or "", sigv4, m.get("sigv4"), f"{path}.sigv4", probe)
+    headers = parts.headers(r, m.get("headers"), f"{path}.headers", sigv4=sigv4 is not None)
+    write_relabel = parts.relabel(r, m.get("write_relabel_configs"), f"{path}.write_relabel_configs")
     prune = _label_names(r, m.get("prune_labels"), f"{path}.prune_labels", "__name__ cannot be pruned")
     aggregate = tuple(_aggregate(r, n, p) for n, p in r.sequence(m.get("aggregate"), f"{path}.aggregate"))
     limits = LimitsConfig()
-    if lm := r.mapping(m.get("limits"), f"{path}.limits", ("max_series", "max_series_per_metric", "window")):
+    if lm := r.mapping(m.get("limits"), f"{path}.limits", LIMITS_KEYS):
         limits = LimitsConfig(
             r.optional_int(lm.get("max_series"), f"{path}.limits.max_series"),
             r.optional_int(lm.get("max_series_per_metric"), f"{path}.limits.max_series_per_metric"),
             r.duration(lm.get("window"), f"{path}.limits.window", 3600.0, positive=True),
         )
-    queue = _queue(r, m.get("queue"), f"{path}.queue")
+    queue = QueueConfig()
+    if (qm := r.mapping(m.get("queue"), f"{path}.queue", parts.QUEUE_KEYS)) is not None:
+        queue = parts.queue(r, qm, {k: f"{path}.queue.{k}" for k in parts.QUEUE_KEYS})
     dry_run = r.boolean(m.get("dry_run"), f"{path}.dry_run", False)
-    headers_ro = types.MappingProxyType(headers)
-    return DestinationConfig(
-        name or "", url or "", sigv4, headers_ro, write_relabel, prune, aggregate, limits, queue, dry_run
-    )
-
-
-def _sigv4(r: Reader, node: Node | None, path: str) -> SigV4Config | None:
-    m = r.mapping(node, path, ("region", "role_arn", "external_id", "profile", "service"))
-    if m is None or node is None:
-        return None
-    region = r.required_string(m, node, path, "region")
-    if region is not None and not re.fullmatch(r"[a-z0-9-]+", region):
-        r.error(m["region"], f"{path}.region", f'invalid region "{region}"')
-    role = r.optional_string(m.get("role_arn"), f"{path}.role_arn")
-    if role is not None and not (role.startswith("arn:") and ":role/" in role):
-        r.error(
-            m["role_arn"],
-            f"{path}.role_arn",
-            'must be an IAM role ARN ("arn:aws:iam::<account>:role/<name>")',
-        )
-    external_id = r.optional_string(m.get("external_id"), f"{path}.external_id")
-    if external_id is not None and role is None:
-        r.error(m["external_id"], f"{path}.external_id", "requires role_arn")
-    profile = r.optional_string(m.get("profile"), f"{path}.profile")
-    service = r.string(m.get("service"), f"{path}.service", "aps")
-    return SigV4Config(region or "", role, external_id, profile, service)
+    send_metadata = r.boolean(m.get("send_metadata"), f"{path}.send_metadata", True)
+    return DestinationConfig(name or "", url or "", sigv4, headers, write_relabel, prune, aggregate, limits,
+                             queue, dry_run, send_metadata)  # fmt: skip
 
 
 def _aggregate(r: Reader, node: Node, path: str) -> AggregateConfig:
-    m = r.mapping(node, path, ("match", "without", "by", "interval", "outputs"))
+    m = r.mapping(node, path, AGGREGATE_KEYS)
     if m is None:
         return AggregateConfig("")
     match = r.required_string(m, node, path, "match")
@@ -324,76 +279,12 @@ def _aggregate(r: Reader, node: Node, path: str) -> AggregateConfig:
     return AggregateConfig(match or "", without, by, interval, tuple(outputs))
 
 
-def _queue(r: Reader, node: Node | None, path: str) -> QueueConfig:
-    d = QueueConfig()
-    keys = ("max_samples_per_send", "batch_send_deadline", "max_shards", "min_backoff", "max_backoff",
-            "max_sample_age", "max_disk", "timeout")  # fmt: skip
-    m = r.mapping(node, path, keys)
-    if m is None:
-        return d
-    q = QueueConfig(
-        r.integer(m.get("max_samples_per_send"), f"{path}.max_samples_per_send", d.max_samples_per_send),
-        r.duration(
-            m.get("batch_send_deadline"), f"{path}.batch_send_deadline", d.batch_send_deadline, positive=True
-        ),
-        r.integer(m.get("max_shards"), f"{path}.max_shards", d.max_shards),
-        r.duration(m.get("min_backoff"), f"{path}.min_backoff", d.min_backoff),
-        r.duration(m.get("max_backoff"), f"{path}.max_backoff", d.max_backoff),
-        r.duration(m.get("max_sample_age"), f"{path}.max_sample_age", d.max_sample_age, positive=True),
-        r.size(m.get("max_disk"), f"{path}.max_disk", d.max_disk),
-        r.duration(m.get("timeout"), f"{path}.timeout", d.timeout, positive=True),
-    )
-    if q.min_backoff > q.max_backoff:
-        at = m.get("min_backoff") or m["max_backoff"]
-        r.error(at, f"{path}.min_backoff", "must not be greater than max_backoff")
-    return q
-
-
-def _relabel(r: Reader, node: Node | None, path: str) -> tuple[RelabelConfig, ...]:
-    items = r.sequence(node, path)
-    if node is None or not items or any(r.mapping(n, p, None) is None for n, p in items):
-        return ()
-    try:
-        return parse_relabel_configs(r.to_python(node))
-    except RelabelConfigError as e:
-        r.error(node_at(node, e.field or ""), f"{path}{e.field or ''}", e.message)
-        return ()
-
-
 def _label_names(r: Reader, node: Node | None, path: str, no_metric_name: str | None) -> tuple[str, ...]:
     names = []
     for name, n, p in r.string_items(node, path):
         if no_metric_name is not None and name == lb.METRIC_NAME:
             r.error(n, p, no_metric_name)
         else:
-            _check_label_name(r, n, p, name, reserved_ok=True)
+            parts.check_label_name(r, n, p, name, reserved_ok=True)
         names.append(name)
     return tuple(names)
-
-
-def _check_label_name(r: Reader, node: Node, path: str, name: str, *, reserved_ok: bool) -> None:
-    if not _LABEL_NAME_RE.fullmatch(name):
-        r.error(node, path, f'invalid label name "{name}"')
-    elif not reserved_ok and name.startswith("__"):
-        r.error(node, path, f'label names starting with "__" are reserved: "{name}"')
-
-
-def _check_host_port(r: Reader, node: Node, path: str, text: str) -> bool:
-    host, sep, port = text.rpartition(":")
-    ok = bool(sep) and port.isdigit() and int(port) <= 65535 and not any(c in host for c in "/ @")
-    if not ok:
-        r.error(node, path, f'expected "host:port", got "{text}"')
-    return ok
-
-
-def _check_url(r: Reader, node: Node, path: str, url: str) -> None:
-    try:
-        parts = urlsplit(url)
-        _ = parts.port  # raises ValueError for a bad port
-    except ValueError as e:
-        r.error(node, path, f"invalid URL: {e}")
-        return
-    if parts.scheme not in ("http", "https"):
-        r.error(node, path, f'URL scheme must be http or https, got "{parts.scheme}"')
-    elif not parts.hostname:
-        r.error(node, path, "URL has no host")

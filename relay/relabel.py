@@ -345,6 +345,17 @@ def process(labels: Labels, rules: Sequence[RelabelConfig]) -> Labels | None:
     return builder.result()
 
 
+def process_traced(labels: Labels, rules: Sequence[RelabelConfig]) -> tuple[Labels | None, int]:
+    """``process``, also telling which rule dropped the series: ``(None, index)``, else ``(labels, -1)``.
+
+    For explaining (``gpu-relay test-rules``); the relay's hot path calls ``process``."""
+    builder = _Builder(labels)
+    for index, cfg in enumerate(rules):
+        if not _relabel(cfg, builder):
+            return None, index
+    return builder.result(), -1
+
+
 def _relabel(cfg: RelabelConfig, b: _Builder) -> bool:
     sources = cfg.source_labels
     if len(sources) == 1:

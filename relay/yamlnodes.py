@@ -2,7 +2,8 @@
 
 :class:`Reader` gives typed access to nodes (mapping with strict keys, list, string, integer,
 boolean, duration, size) and records a :class:`ConfigIssue` naming the 1-based line and field path
-for every problem instead of raising, so that a config reports all its problems at once. YAML merge
+for every problem instead of raising, so that a config reports all its problems at once; warnings
+(a key accepted but not honoured) are recorded apart. YAML merge
 keys (``<<: *anchor``) are honoured; duplicate keys are reported.
 """
 
@@ -75,6 +76,7 @@ class Reader:
     def __init__(self, filename: str) -> None:
         self.filename = filename
         self.issues: list[ConfigIssue] = []
+        self.warnings: list[ConfigIssue] = []  # keys accepted but not honoured, doubtful values
         self._constructor = yaml.constructor.SafeConstructor()
         self._flattened: set[int] = set()
 
@@ -82,6 +84,11 @@ class Reader:
         issue = ConfigIssue(self.filename, node.start_mark.line + 1, path, message)
         if issue not in self.issues:  # the same node may be read twice
             self.issues.append(issue)
+
+    def warn(self, node: Node, path: str, message: str) -> None:
+        issue = ConfigIssue(self.filename, node.start_mark.line + 1, path, message)
+        if issue not in self.warnings:
+            self.warnings.append(issue)
 
     def type_error(self, node: Node, path: str, expected: str) -> None:
         self.error(node, path, f"expected {expected}, got {kind(node)}")

@@ -140,9 +140,9 @@ def test_test_rules_text_uses_the_first_destination_by_default(
         "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).",
         'DCGM_FI_DEV_GPU_UTIL{Hostname="n1",cluster="gpu-prod",gpu="0"}',
         "",
-        "DROPPED",
+        "DROPPED by destinations[amp].write_relabel_configs[0] (keep)",
         'DCGM_FI_DEV_FB_USED{cluster="own",gpu="1",namespace="ml"}',
-        "DROPPED",
+        "DROPPED by global.relabel_configs[0] (drop)",
     ]
 
 
@@ -156,7 +156,8 @@ def test_test_rules_text_for_a_named_destination(
         'DCGM_FI_DEV_GPU_UTIL{DCGM_FI_DRIVER_VERSION="550.54",Hostname="n1",cluster="gpu-prod",gpu="0",'
         'pci_bus_id="0000:3B:00.0"}'
     )
-    assert out[3:] == ['DCGM_FI_DEV_SM_CLOCK{cluster="gpu-prod",gpu="0"}', out[4], "DROPPED"]
+    dropped = "DROPPED by global.relabel_configs[0] (drop)"
+    assert out[3:] == ['DCGM_FI_DEV_SM_CLOCK{cluster="gpu-prod",gpu="0"}', out[4], dropped]
 
 
 def test_test_rules_json_prints_an_object_or_null_per_line(
@@ -188,9 +189,11 @@ def test_test_rules_reports_malformed_lines_and_processes_the_rest(
     stdin = 'DCGM_FI_DEV_GPU_UTIL{gpu="0"}\nbad{a=1}\nDCGM_FI_DEV_FB_USED\n{"x"\n'
     code, out, err = run_with_stdin(monkeypatch, capsys, ["test-rules", "--config", GOOD], stdin)
     assert code == 1
-    assert out == [
+    assert out == [  # line-aligned with the input: a bad line prints ERROR in its place
         'DCGM_FI_DEV_GPU_UTIL{cluster="gpu-prod",gpu="0"}',
+        "ERROR: expected '\"', got '1' (column 7)",
         'DCGM_FI_DEV_FB_USED{cluster="gpu-prod"}',
+        "ERROR: expected '=', got end of line (column 5)",
     ]
     assert err == [
         "<stdin>:2: expected '\"', got '1' (column 7)",
@@ -206,7 +209,10 @@ def test_test_rules_json_reports_malformed_lines(
         monkeypatch, capsys, argv, 'up{a="1"}\n{"__name__": "DCGM_FI_DEV_FB_USED"}\n'
     )
     assert code == 1
-    assert out == ['{"__name__": "DCGM_FI_DEV_FB_USED", "cluster": "gpu-prod"}']
+    assert out == [
+        "ERROR: invalid JSON: Expecting value (column 1)",
+        '{"__name__": "DCGM_FI_DEV_FB_USED", "cluster": "gpu-prod"}',
+    ]
     assert err == ["<stdin>:1: invalid JSON: Expecting value (column 1)"]
 
 
@@ -224,6 +230,106 @@ def test_test_rules_with_a_bad_config_prints_its_errors(
 ) -> None:
     code, out, err = run_with_stdin(monkeypatch, capsys, ["test-rules", "--config", BAD], "up\n")
     assert (code, out, len(err)) == (1, [], 8)
+
+
+EXPLAIN_CONFIG = """\
+external_labels: {cluster: c1}
+global:
+  relabel_configs:
+    - {source_labels: [namespace], regex: kube-system, action: drop}
+    - {source_labels: [job], regex: noisy, action: drop}
+    - {regex: tmp, action: labeldrop}
+destinations:
+  - name: amp
+    url: http://127.0.0.1:9/w
+    write_relabel_configs:
+      - {source_labels: [__name__], regex: 'DCGM_.*|up|x_total', action: keep}
+      - {source_labels: [gone], regex: x, target_label: __name__, replacement: '', action: replace}
+    prune_labels: [pci_bus_id]
+    aggregate:
+      - {match: '{__name__=~"DCGM_FI_DEV_.*"}', without: [pod], interval: 30s, outputs: [avg, max]}
+      - {match: x_total, by: [gpu], interval: 1m, outputs: [total, sum]}
+"""
+
+
+def test_test_rules_explains_each_drop_and_aggregation_on_the_input_s_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "relay.yaml"
+    path.write_text(EXPLAIN_CONFIG)
+    stdin = (
+        'up{namespace="kube-system"}\n'
+        'up{job="noisy"}\n'
+        'other{a="1"}\n'
+        '{a="1"}\n'
+        'up{gone="x",tmp="y",pci_bus_id="p"}\n'
+        'up{a="1",tmp="y",pci_bus_id="p"}\n'
+        'DCGM_FI_DEV_GPU_UTIL{gpu="0",pod="p1",pci_bus_id="b"}\n'
+        'x_total{gpu="1",pod="p"}\n'
+    )
+    code, out, err = run_with_stdin(monkeypatch, capsys, ["test-rules", "--config", str(path)], stdin)
+    assert (code, err) == (0, [])
+    assert out == [
+        "DROPPED by global.relabel_configs[0] (drop)",
+        "DROPPED by global.relabel_configs[1] (drop)",
+        "DROPPED by destinations[amp].write_relabel_configs[0] (keep)",
+        "DROPPED: no metric name",
+        "DROPPED: no metric name",  # the replace rule emptied __name__
+        'up{a="1",cluster="c1"}',
+        "AGGREGATED by destinations[amp].aggregate[0] into: "
+        'DCGM_FI_DEV_GPU_UTIL:30s_without_pod_avg{cluster="c1",gpu="0"}, '
+        'DCGM_FI_DEV_GPU_UTIL:30s_without_pod_max{cluster="c1",gpu="0"}',
+        'AGGREGATED by destinations[amp].aggregate[1] into: x_total:1m_by_gpu_total{gpu="1"}',
+    ]
+
+
+def test_test_rules_input_and_output_formats_are_separate(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "relay.yaml"
+    path.write_text(EXPLAIN_CONFIG)
+    argv = ["test-rules", "--config", str(path), "--input-format", "text", "--output-format", "json"]
+    stdin = 'up{a="1"}\nother\nDCGM_FI_DEV_FB_USED{pod="p"}\n'
+    code, out, _ = run_with_stdin(monkeypatch, capsys, argv, stdin)
+    assert code == 0
+    assert [json.loads(line) for line in out] == [
+        {"__name__": "up", "a": "1", "cluster": "c1"},
+        None,
+        [
+            {"__name__": "DCGM_FI_DEV_FB_USED:30s_without_pod_avg", "cluster": "c1"},
+            {"__name__": "DCGM_FI_DEV_FB_USED:30s_without_pod_max", "cluster": "c1"},
+        ],
+    ]
+    argv = ["test-rules", "--config", str(path), "--input-format", "json"]
+    code, out, _ = run_with_stdin(monkeypatch, capsys, argv, '{"__name__": "up"}\n')
+    assert (code, out) == (0, ['up{cluster="c1"}'])
+
+
+def test_check_config_prints_warnings_and_still_succeeds(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "relay.yaml"
+    path.write_text(
+        f"storage: {{path: '{tmp_path}'}}\nremote_write:\n  - url: http://127.0.0.1:9/w\n    name: local\n"
+        "    queue_config: {capacity: 10}\n"
+    )
+    assert main(["check-config", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"{path}: OK: 1 destination (local)")
+    assert err.splitlines() == [
+        f"warning: {path}:5: remote_write[0].queue_config.capacity: not honoured: the relay's queue is on disk, "
+        "bounded by a destination's queue.max_disk (default 1GiB)"
+    ]
+
+
+def test_check_config_warns_about_a_storage_path_it_cannot_create(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "file").write_text("")
+    path = tmp_path / "relay.yaml"
+    path.write_text(f"storage:\n  path: {tmp_path / 'file' / 'q'}\ndestinations: [{{name: a, url: 'http://h:1/w'}}]\n")
+    assert main(["check-config", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {path}:2: storage.path: cannot create {tmp_path / 'file' / 'q'}: " in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "relay.yaml"]
 
 
 def test_run_calls_the_service_with_the_config_path(
@@ -277,7 +383,7 @@ def test_version_everywhere(argv: list[str], capsys: pytest.CaptureFixture[str])
     assert capsys.readouterr().out == f"gpu-relay {__version__}\n"
 
 
-@pytest.mark.parametrize("command", ["run", "check-config", "test-rules", "report"])
+@pytest.mark.parametrize("command", ["run", "check-config", "test-rules", "report", "import-prometheus"])
 def test_help_for_every_command(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main([command, "-h"])
@@ -311,7 +417,10 @@ def test_installed_entry_point_runs_test_rules_and_check_config() -> None:
         check=False,
     )
     assert (proc.returncode, proc.stderr) == (0, "")
-    assert proc.stdout == 'DCGM_FI_DEV_SM_CLOCK{cluster="gpu-prod",gpu="0"}\nDROPPED\n'
+    assert proc.stdout.splitlines() == [
+        'DCGM_FI_DEV_SM_CLOCK{cluster="gpu-prod",gpu="0"}',
+        "DROPPED by global.relabel_configs[0] (drop)",
+    ]
     bad = subprocess.run(
         [str(exe), "check-config", BAD], capture_output=True, text=True, timeout=30, check=False
     )

@@ -35,22 +35,25 @@ BAD_CONFIGS = {
         "serverx: {}\n" + D,
         [
             "relay.yaml:1: serverx: unknown key "
-            "(valid: server, external_labels, global, storage, scrape, destinations)"
+            "(valid: server, external_labels, global, storage, scrape, remote_write, destinations)"
         ],
     ),
     "unknown key in server": (
         "server:\n  lisen: x\n" + D,
-        ["relay.yaml:2: server.lisen: unknown key (valid: listen, max_request_bytes)"],
+        [
+            "relay.yaml:2: server.lisen: unknown key (valid: listen, max_request_bytes, telemetry_listen, "
+            "max_concurrent_requests, read_timeout, idle_timeout, enable_lifecycle)"
+        ],
     ),
     "unknown key in a destination's queue": (
         D + "    queue:\n      max_backof: 5s\n",
         [f"relay.yaml:5: destinations[0].queue.max_backof: unknown key (valid: {QUEUE_KEYS})"],
     ),
     "unknown key in sigv4": (
-        D + "    sigv4: {region: us-east-1, secret_key: x}\n",
+        D + "    sigv4: {region: us-east-1, secret: x}\n",
         [
-            "relay.yaml:4: destinations[0].sigv4.secret_key: unknown key "
-            "(valid: region, role_arn, external_id, profile, service)"
+            "relay.yaml:4: destinations[0].sigv4.secret: unknown key "
+            "(valid: region, role_arn, external_id, profile, service, access_key, secret_key)"
         ],
     ),
     "unknown key in a static_config": (
@@ -117,7 +120,10 @@ BAD_CONFIGS = {
             "relay.yaml:4: destinations[0].limits.window: must be greater than 0",
         ],
     ),
-    "no destinations key": ("server: {}\n", ["relay.yaml:1: destinations: missing required key"]),
+    "no destinations key": (
+        "server: {}\n",
+        ["relay.yaml:1: destinations: missing required key (or remote_write)"],
+    ),
     "empty destinations": (
         "destinations: []\n",
         ["relay.yaml:1: destinations: at least one destination is required"],
@@ -293,6 +299,93 @@ BAD_CONFIGS = {
         "server: {[a]: 1}\n" + D,
         ["relay.yaml:1: server: keys must be strings, got a list"],
     ),
+    # issue 8, defect 13: backoffs must be > 0
+    "zero backoffs": (
+        D + "    queue: {min_backoff: 0s, max_backoff: 0ms}\n",
+        [
+            "relay.yaml:4: destinations[0].queue.min_backoff: must be greater than 0",
+            "relay.yaml:4: destinations[0].queue.max_backoff: must be greater than 0",
+        ],
+    ),
+    "min_backoff above the default max_backoff": (
+        D + "    queue: {min_backoff: 6s}\n",
+        ["relay.yaml:4: destinations[0].queue.min_backoff: must not be greater than max_backoff"],
+    ),
+    # issue 8, defect 16: a null relabel rule is refused, in every relabel list
+    "null write relabel rule": (
+        D + "    write_relabel_configs: [null]\n",
+        ["relay.yaml:4: destinations[0].write_relabel_configs[0]: empty or null relabeling rule"],
+    ),
+    "null entry among good write relabel rules": (
+        D + "    write_relabel_configs:\n      - {source_labels: [a], regex: x, action: keep}\n      -\n",
+        ["relay.yaml:6: destinations[0].write_relabel_configs[1]: empty or null relabeling rule"],
+    ),
+    "null global relabel rule": (
+        "global:\n  relabel_configs:\n    - ~\n" + D,
+        ["relay.yaml:3: global.relabel_configs[0]: empty or null relabeling rule"],
+    ),
+    "null remote_write relabel rule": (
+        "remote_write:\n  - url: http://127.0.0.1:9/w\n    write_relabel_configs: [null]\n",
+        ["relay.yaml:3: remote_write[0].write_relabel_configs[0]: empty or null relabeling rule"],
+    ),
+    # interface 4: the server's new fields
+    "server limits and timeouts": (
+        "server: {telemetry_listen: 'localhost', max_concurrent_requests: 0, read_timeout: 0s, "
+        "idle_timeout: 2x, enable_lifecycle: yes-please}\n" + D,
+        [
+            'relay.yaml:1: server.telemetry_listen: expected "host:port", got "localhost"',
+            "relay.yaml:1: server.max_concurrent_requests: must be a positive integer, got 0",
+            "relay.yaml:1: server.read_timeout: must be greater than 0",
+            'relay.yaml:1: server.idle_timeout: invalid duration "2x"',
+            "relay.yaml:1: server.enable_lifecycle: expected true or false, got a string",
+        ],
+    ),
+    "telemetry on the write address": (
+        "server: {listen: '127.0.0.1:9201', telemetry_listen: '127.0.0.1:9201'}\n" + D,
+        [
+            "relay.yaml:1: server.telemetry_listen: must differ from listen "
+            "(leave it out to serve telemetry on the write listener)"
+        ],
+    ),
+    "bracketed IPv6 listen without its closing bracket": (
+        "server: {listen: '[::1:9201'}\n" + D,
+        ['relay.yaml:1: server.listen: expected "host:port", got "[::1:9201"'],
+    ),
+    "send_metadata not a boolean": (
+        D + "    send_metadata: sometimes\n",
+        ["relay.yaml:4: destinations[0].send_metadata: expected true or false, got a string"],
+    ),
+    "sigv4 access_key without secret_key": (
+        D + "    sigv4: {region: us-east-1, access_key: AKIAEXAMPLE}\n",
+        ["relay.yaml:4: destinations[0].sigv4.secret_key: set both access_key and secret_key, or neither"],
+    ),
+    # issue 10: __replica__ is allowed, other reserved names are not
+    "reserved external label other than __replica__": (
+        "external_labels: {__replica__: a, __name__: b, __replica: c}\n" + D,
+        [
+            'relay.yaml:1: external_labels.__name__: label names starting with "__" are reserved: "__name__"',
+            'relay.yaml:1: external_labels.__replica: label names starting with "__" are reserved: "__replica"',
+        ],
+    ),
+    # check-config's offline URL checks (issue 8): AMP region and trailing "/"
+    "AMP URL region differs from sigv4.region": (
+        "destinations:\n  - name: amp\n"
+        "    url: https://aps-workspaces.eu-west-1.amazonaws.com/workspaces/ws-1/api/v1/remote_write\n"
+        "    sigv4:\n      region: us-east-1\n",
+        [
+            'relay.yaml:5: destinations[0].sigv4.region: "us-east-1" does not match the region of the '
+            'AMP URL ("eu-west-1")'
+        ],
+    ),
+    "AMP URL ending in a slash": (
+        "destinations:\n  - name: amp\n"
+        "    url: https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-1/api/v1/remote_write/\n"
+        "    sigv4: {region: us-east-1}\n",
+        [
+            'relay.yaml:3: destinations[0].url: must not end in "/" '
+            '(AMP answers 403 "Missing Authentication Token")'
+        ],
+    ),
     "top level is a list": ("- a\n", ["relay.yaml:1: expected a mapping, got a list"]),
     "empty file": ("", ["relay.yaml:1: empty config: at least one destination is required"]),
     "two documents": (D + "---\n" + D, ["relay.yaml:4: invalid YAML: but found another document"]),
@@ -454,4 +547,51 @@ def test_equal_files_give_equal_configs(tmp_path: Path) -> None:
     b = load_config(copy)
     assert dataclasses.replace(a, source="x") == dataclasses.replace(b, source="x")
     assert [d.name for d in a.destinations] == ["amp", "local"]
-    assert a.destinations[1].queue.min_backoff == 0.0
+    assert a.destinations[1].queue.min_backoff == 0.01
+
+
+def test_server_fields_of_interface_4_are_read() -> None:
+    text = (
+        "server:\n  listen: '[::1]:9201'\n  telemetry_listen: ':9202'\n  max_concurrent_requests: 8\n"
+        "  read_timeout: 5s\n  idle_timeout: 1m\n  enable_lifecycle: true\n" + D
+    )
+    assert parse_config(text).server == ServerConfig("[::1]:9201", 32 * 1024**2, ":9202", 8, 5.0, 60.0, True)
+
+
+def test_server_defaults_of_interface_4() -> None:
+    server = parse_config(D).server
+    assert (server.telemetry_listen, server.max_concurrent_requests) == (None, 64)
+    assert (server.read_timeout, server.idle_timeout, server.enable_lifecycle) == (30.0, 120.0, False)
+
+
+def test_send_metadata_defaults_to_true_and_can_be_turned_off() -> None:
+    assert parse_config(D).destinations[0].send_metadata is True
+    assert parse_config(D + "    send_metadata: false\n").destinations[0].send_metadata is False
+
+
+def test_sigv4_static_keys_are_read_and_the_secret_is_never_shown() -> None:
+    config = parse_config(D + "    sigv4: {region: us-east-1, access_key: AKIAEXAMPLE, secret_key: s3cr3t}\n")
+    sigv4 = config.destinations[0].sigv4
+    assert sigv4 is not None and (sigv4.access_key, sigv4.secret_key) == ("AKIAEXAMPLE", "s3cr3t")
+    assert "s3cr3t" not in repr(config)
+
+
+def test_replica_external_label_is_allowed_for_amp_ha_dedup() -> None:
+    config = parse_config("external_labels: {cluster: prod, __replica__: prometheus-0}\n" + D)
+    assert config.external_labels == (("__replica__", "prometheus-0"), ("cluster", "prod"))
+
+
+def test_a_good_config_has_no_warnings() -> None:
+    assert load_config(DATA / "design-example.yaml").warnings == ()
+
+
+def test_a_plain_receiver_url_ending_in_a_slash_is_a_warning_not_an_error() -> None:
+    config = parse_config("destinations:\n  - name: a\n    url: http://127.0.0.1:9/w/\n")
+    assert config.warnings == ('relay.yaml:3: destinations[0].url: ends in "/": most receivers answer 404 for it',)
+
+
+def test_null_relabel_rule_never_silently_drops_the_other_rules() -> None:
+    # before: [rule, null] loaded as no rules at all, so the keep rule vanished and everything was sent
+    with pytest.raises(ConfigError, match="empty or null relabeling rule"):
+        parse_config(D + "    write_relabel_configs:\n      - {source_labels: [__name__], regex: x, action: keep}\n"
+                     "      - null\n")

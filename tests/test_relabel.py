@@ -24,6 +24,7 @@ from relay.relabel import (
     parse_relabel_config,
     parse_relabel_configs,
     process,
+    process_traced,
     rules_to_yaml_dict,
     validate,
 )
@@ -48,6 +49,18 @@ def test_relabel_table(case: dict[str, Any]) -> None:
         assert result is None
     else:
         assert result == labelset(case["output"])
+
+
+@pytest.mark.parametrize("case", RELABEL_CASES, ids=[c["name"] for c in RELABEL_CASES])
+def test_process_traced_agrees_with_process_and_names_the_dropping_rule(case: dict[str, Any]) -> None:
+    rules = parse_relabel_configs(case["rules"])
+    labels = labelset(case["input"])
+    result, index = process_traced(labels, rules)
+    assert result == process(labels, rules)
+    if result is None:
+        assert process(labels, rules[: index + 1]) is None and process(labels, rules[:index]) is not None
+    else:
+        assert index == -1
 
 
 def test_relabel_table_ports_every_upstream_row() -> None:

@@ -166,3 +166,40 @@ def test_prune_removes_only_the_named_labels() -> None:
     labels = series("up", a="1", b="2")
     assert prune(labels, frozenset({"a", "zzz"})) == series("up", b="2")
     assert prune(labels, frozenset({"zzz"})) is labels
+
+
+TRACE = """\
+external_labels: {cluster: c}
+global:
+  relabel_configs:
+    - {source_labels: [ns], regex: sys, action: drop}
+    - {source_labels: [job], regex: x, action: drop}
+destinations:
+  - name: amp
+    url: http://127.0.0.1:9/w
+    write_relabel_configs:
+      - {source_labels: [__name__], regex: up|down, action: keep}
+      - {source_labels: [__name__], regex: down, action: drop}
+    prune_labels: [ns]
+  - name: b
+    url: http://127.0.0.1:9/b
+"""
+
+
+@pytest.mark.parametrize(
+    ("series", "destination", "expected"),
+    [
+        ((("__name__", "up"), ("ns", "sys")), "amp", (None, "global.relabel_configs[0] (drop)")),
+        ((("__name__", "up"), ("job", "x")), "b", (None, "global.relabel_configs[1] (drop)")),
+        ((("__name__", "other"),), "amp", (None, "destinations[amp].write_relabel_configs[0] (keep)")),
+        ((("__name__", "down"),), "amp", (None, "destinations[amp].write_relabel_configs[1] (drop)")),
+        ((("a", "1"),), "b", (None, "no metric name")),
+        ((("__name__", "other"),), "b", ((("__name__", "other"), ("cluster", "c")), None)),
+    ],
+)
+def test_trace_names_the_stage_and_rule_that_dropped_a_series(
+    series: Labels, destination: str, expected: tuple[Labels | None, str | None]
+) -> None:
+    rules = Rules(parse_config(TRACE))
+    assert rules.trace(destination, series) == expected
+    assert rules.apply(destination, series) == expected[0]

@@ -1,0 +1,225 @@
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from relay.config import ConfigError, DestinationConfig, QueueConfig, SigV4Config, parse_config
+from relay.promremote import default_name
+from relay.relabel import process
+
+AMP = "https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-1/api/v1/remote_write"
+
+# Prometheus's own syntax, every key the issue names, as a user pastes it from prometheus.yml.
+FULL = f"""\
+remote_write:
+  - url: {AMP}
+    name: amp
+    remote_timeout: 20s
+    headers: {{X-Team: gpu}}
+    write_relabel_configs:
+      - source_labels: [__name__]
+        regex: DCGM_FI_DEV_GPU_UTIL|DCGM_FI_DEV_FB_USED
+        action: keep
+    sigv4:
+      region: us-east-1
+      access_key: AKIAEXAMPLE
+      secret_key: s3cr3t
+      profile: prod
+      role_arn: arn:aws:iam::123456789012:role/amp-writer
+    queue_config:
+      capacity: 2500
+      max_shards: 200
+      min_shards: 1
+      max_samples_per_send: 1000
+      batch_send_deadline: 5s
+      min_backoff: 30ms
+      max_backoff: 10s
+      retry_on_http_429: true
+    metadata_config:
+      send: false
+      send_interval: 1m
+"""
+
+
+def test_a_full_prometheus_remote_write_entry_maps_onto_a_destination() -> None:
+    config = parse_config(FULL)
+    (amp,) = config.destinations
+    assert amp.name == "amp" and amp.url == AMP
+    assert dict(amp.headers) == {"X-Team": "gpu"}
+    assert amp.sigv4 == SigV4Config(
+        "us-east-1", "arn:aws:iam::123456789012:role/amp-writer", None, "prod", "aps", "AKIAEXAMPLE", "s3cr3t"
+    )
+    assert amp.queue == QueueConfig(1000, 5.0, 200, 0.03, 10.0, 3600.0, 1024**3, 20.0)
+    assert amp.send_metadata is False
+    keep = amp.write_relabel_configs
+    assert process((("__name__", "DCGM_FI_DEV_GPU_UTIL"),), keep) is not None
+    assert process((("__name__", "DCGM_FI_DEV_SM_CLOCK"),), keep) is None
+
+
+def test_keys_the_relay_cannot_honour_are_warnings_naming_them() -> None:
+    warnings = parse_config(FULL).warnings
+    assert warnings == (
+        "relay.yaml:17: remote_write[0].queue_config.capacity: not honoured: the relay's queue is on disk, "
+        "bounded by a destination's queue.max_disk (default 1GiB)",
+        "relay.yaml:19: remote_write[0].queue_config.min_shards: not honoured: the relay runs max_shards shards",
+        "relay.yaml:27: remote_write[0].metadata_config.send_interval: not honoured: the relay forwards "
+        "metadata when Prometheus sends it",
+    )
+
+
+@pytest.mark.parametrize(
+    ("entry", "warning"),
+    [
+        ("    oauth2: {client_id: c}\n", "remote_write[0].oauth2: not honoured: the relay signs"),
+        ("    basic_auth: {username: u, password_file: /p}\n", "basic_auth.password_file: not honoured"),
+        ("    tls_config: {insecure_skip_verify: true}\n", "remote_write[0].tls_config: not honoured"),
+        ("    send_native_histograms: false\n", "remote_write[0].send_native_histograms: not honoured"),
+        ("    protobuf_message: io.prometheus.write.v2.Request\n", "remote_write[0].protobuf_message: not honoured"),
+        ("    queue_config: {retry_on_http_429: false}\n", "queue_config.retry_on_http_429: not honoured"),
+        ("    queue_config: {sample_age_limit: 0s}\n", "queue_config.sample_age_limit: 0 (no limit) is not"),
+        ("    sigv4: {use_fips_sts_endpoint: true}\n", "remote_write[0].sigv4.use_fips_sts_endpoint: not honoured"),
+        ("    metadata_config: {max_samples_per_send: 10}\n", "metadata_config.max_samples_per_send: not honoured"),
+    ],
+)
+def test_each_known_but_unsupported_key_warns(entry: str, warning: str) -> None:
+    config = parse_config(f"remote_write:\n  - url: {AMP}\n" + entry)
+    assert len(config.warnings) == 1 and warning in config.warnings[0]
+    assert config.warnings[0].startswith("relay.yaml:3: ")
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "    send_exemplars: true\n",
+        "    send_native_histograms: true\n",
+        "    protobuf_message: prometheus.WriteRequest\n",
+        "    queue_config: {retry_on_http_429: true}\n",
+        "    follow_redirects: false\n",
+    ],
+)
+def test_a_value_the_relay_already_follows_does_not_warn(entry: str) -> None:
+    assert parse_config(f"remote_write:\n  - url: {AMP}\n" + entry).warnings == ()
+
+
+def test_sample_age_limit_and_remote_timeout_map_to_the_relay_s_names() -> None:
+    text = f"remote_write:\n  - url: {AMP}\n    remote_timeout: 1m\n    queue_config: {{sample_age_limit: 10m}}\n"
+    (d,) = parse_config(text).destinations
+    assert (d.queue.timeout, d.queue.max_sample_age) == (60.0, 600.0)
+
+
+def test_sigv4_region_defaults_to_the_amp_url_s_region() -> None:
+    text = f"remote_write:\n  - url: {AMP}\n    sigv4: {{}}\n"
+    (d,) = parse_config(text).destinations
+    assert d.sigv4 == SigV4Config("us-east-1")
+
+
+def test_missing_name_gets_rw_and_a_hash_of_the_url() -> None:
+    (d,) = parse_config(f"remote_write:\n  - url: {AMP}\n").destinations
+    assert d.name == default_name(AMP) and len(d.name) == len("rw-") + 6
+    assert d.name == parse_config(f"remote_write:\n  - url: {AMP}\n    remote_timeout: 5s\n").destinations[0].name
+
+
+def test_absent_keys_take_the_relay_s_defaults() -> None:
+    (d,) = parse_config("remote_write:\n  - url: http://127.0.0.1:9/w\n").destinations
+    assert d == DestinationConfig(default_name("http://127.0.0.1:9/w"), "http://127.0.0.1:9/w")
+
+
+def test_remote_write_and_destinations_are_listed_in_file_order() -> None:
+    text = (
+        "destinations:\n  - name: local\n    url: http://127.0.0.1:9/w\n    dry_run: true\n"
+        f"remote_write:\n  - url: {AMP}\n    name: amp\n    sigv4: {{region: us-east-1}}\n"
+    )
+    assert [d.name for d in parse_config(text).destinations] == ["local", "amp"]
+    text = f"remote_write:\n  - {{url: '{AMP}', name: amp}}\ndestinations:\n  - {{name: b, url: 'http://h:1/w'}}\n"
+    assert [d.name for d in parse_config(text).destinations] == ["amp", "b"]
+
+
+BAD = {
+    "unknown key": (
+        f"remote_write:\n  - url: {AMP}\n    prune_labels: [pod]\n",
+        ["relay.yaml:3: remote_write[0].prune_labels: unknown key (valid: url, name, remote_timeout, headers, "],
+    ),
+    "unknown queue_config key": (
+        f"remote_write:\n  - url: {AMP}\n    queue_config: {{max_disk: 1GiB}}\n",
+        ["relay.yaml:3: remote_write[0].queue_config.max_disk: unknown key (valid: max_shards, "],
+    ),
+    "external_id is not Prometheus's": (
+        f"remote_write:\n  - url: {AMP}\n    sigv4: {{region: us-east-1, external_id: x}}\n",
+        ["relay.yaml:3: remote_write[0].sigv4.external_id: unknown key (valid: region, access_key, "],
+    ),
+    "names unique across remote_write and destinations": (
+        "destinations:\n  - {name: amp, url: 'http://h:1/w'}\n"
+        f"remote_write:\n  - {{url: '{AMP}', name: amp}}\n",
+        ['relay.yaml:4: remote_write[0].name: duplicate name "amp" (first at line 2)'],
+    ),
+    "two unnamed entries with the same URL": (
+        f"remote_write:\n  - url: {AMP}\n  - url: {AMP}\n",
+        [f'relay.yaml:3: remote_write[1].name: duplicate name "{default_name(AMP)}" (first at line 2)'],
+    ),
+    "null entry": ("remote_write:\n  - null\n", ["relay.yaml:2: remote_write[0]: empty or null remote write"]),
+    "missing url": ("remote_write:\n  - name: a\n", ["relay.yaml:2: remote_write[0].url: missing required key"]),
+    "bad durations and a zero backoff": (
+        f"remote_write:\n  - url: {AMP}\n    remote_timeout: 5q\n    queue_config: {{min_backoff: 0s}}\n",
+        [
+            'relay.yaml:3: remote_write[0].remote_timeout: invalid duration "5q"',
+            "relay.yaml:4: remote_write[0].queue_config.min_backoff: must be greater than 0",
+        ],
+    ),
+    "no region for a URL that is not AMP": (
+        "remote_write:\n  - url: http://h:1/w\n    sigv4: {profile: p}\n",
+        ["relay.yaml:3: remote_write[0].sigv4.region: missing required key"],
+    ),
+    "region differs from the AMP URL": (
+        f"remote_write:\n  - url: {AMP}\n    sigv4: {{region: eu-west-1}}\n",
+        ['relay.yaml:3: remote_write[0].sigv4.region: "eu-west-1" does not match the region of the AMP URL'],
+    ),
+    "authorization header": (
+        f"remote_write:\n  - url: {AMP}\n    sigv4: {{}}\n    headers: {{Authorization: x}}\n",
+        ["relay.yaml:4: remote_write[0].headers.Authorization: reserved header when sigv4 is set"],
+    ),
+}
+
+
+@pytest.mark.parametrize(("text", "prefixes"), BAD.values(), ids=BAD.keys())
+def test_bad_remote_write_entries_are_errors_with_line_and_path(text: str, prefixes: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    lines = str(info.value).splitlines()
+    assert len(lines) == len(prefixes), lines
+    for line, prefix in zip(lines, prefixes, strict=True):
+        assert line.startswith(prefix), line
+
+
+@pytest.mark.parametrize(
+    ("entry", "header"),
+    [
+        ("    basic_auth: {username: u, password: p}\n", "Basic dTpw"),
+        ("    authorization: {credentials: t0k}\n", "Bearer t0k"),
+        ("    authorization: {type: Token, credentials: t0k}\n", "Token t0k"),
+        ("    bearer_token: t0k\n", "Bearer t0k"),
+    ],
+)
+def test_prometheus_http_auth_becomes_the_authorization_header(entry: str, header: str) -> None:
+    config = parse_config("remote_write:\n  - url: http://127.0.0.1:9/w\n    headers: {X-A: b}\n" + entry)
+    assert dict(config.destinations[0].headers) == {"X-A": "b", "Authorization": header}
+    assert header.split()[-1] not in repr(config.warnings)
+
+
+def test_two_kinds_of_auth_are_refused_as_prometheus_refuses_them() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"remote_write:\n  - url: {AMP}\n    sigv4: {{}}\n    bearer_token: t\n")
+    assert str(info.value) == (
+        "relay.yaml:4: remote_write[0].bearer_token: at most one of basic_auth, authorization, bearer_token and "
+        "sigv4 may be set (got bearer_token, sigv4)"
+    )
+
+
+def test_credentials_never_appear_in_the_config_s_repr() -> None:
+    config = parse_config(
+        "remote_write:\n  - url: http://127.0.0.1:9/w\n    basic_auth: {username: u, password: hunter2}\n"
+        f"  - url: {AMP}\n    sigv4: {{access_key: AKIAEXAMPLE, secret_key: s3cr3t}}\n"
+    )
+    text = repr(config)
+    assert "hunter2" not in text and base64.b64encode(b"u:hunter2").decode() not in text
+    assert "s3cr3t" not in text
