@@ -32,7 +32,6 @@ The field tables, the pass plan and the value conversions are in :mod:`exporter.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -40,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from exporter.backend import BackendError, DeviceInfo, Entity, GpuLostError, MigInstance, Value, XidEvent
+from exporter.nvml_devices import DOWN_ERRORS, REINIT_ERRORS, device_info, mig_layout
 from exporter.nvml_fields import (
     FIELD_VALUES,
     GETTERS,
@@ -67,6 +67,7 @@ from exporter.nvml_fields import (
     probe_plan,
 )
 from exporter.nvml_gpm import GpmSampler
+from exporter.nvml_xid import XidEvents
 
 __all__ = [
     "FIELD_VALUES", "GETTERS", "GPM_FIELDS", "GROUP_FIELDS", "LABELS", "MIB", "RATE_FIELDS", "STATIC", "UINT_MAX",
@@ -75,12 +76,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# nvml.h return codes after which the GPU (or the whole library) no longer answers
-DOWN_ERRORS = frozenset(
-    {"GPU_IS_LOST", "RESET_REQUIRED", "UNINITIALIZED", "DRIVER_NOT_LOADED", "LIB_RM_VERSION_MISMATCH"}
-)
-REINIT_ERRORS = frozenset({"UNINITIALIZED", "DRIVER_NOT_LOADED", "LIB_RM_VERSION_MISMATCH"})
-NO_GI = 0xFFFFFFFF  # nvmlEventData_t.gpuInstanceId when the event is not about one GPU instance
 
 
 @dataclass(slots=True)
@@ -136,7 +131,6 @@ class NvmlBackend:
         self._gen = 0
         self._need_reinit = False
         self._reinit_lock = threading.Lock()
-        self._xid_wait_failing = False
         self._gpm = GpmSampler(nvml, clock)
         self._wall_clock = wall_clock
         try:
@@ -147,7 +141,7 @@ class NvmlBackend:
             nvml.nvmlShutdown()
             raise BackendError(f"NVML started but listing the GPUs failed: {exc}") from exc
         self._gpus = [self._open(i) for i in range(count)]
-        self._events = self._create_event_set()
+        self._xid = XidEvents(nvml, self._stop)
         for g in self._gpus:
             self._watch_xid(g)
 
@@ -184,79 +178,14 @@ class NvmlBackend:
             return ""
 
     def _info(self, index: int, h: Any) -> tuple[DeviceInfo, dict[int, Any]]:
-        n = self._nvml
-        uuid = as_str(n.nvmlDeviceGetUUID(h))
-        pci = as_str(n.nvmlDeviceGetPciInfo(h).busId)
-        name = as_str(n.nvmlDeviceGetName(h))
-        try:
-            minor = int(n.nvmlDeviceGetMinorNumber(h))
-        except self._error as exc:
-            if error_name(n, exc) in DOWN_ERRORS:
-                raise
-            minor = -1
-        mig, handles = self._mig_layout(h)
-        return DeviceInfo(index, uuid, pci, name, minor, mig), handles
+        return device_info(self._nvml, index, h)
 
     def _mig_layout(self, h: Any) -> tuple[tuple[MigInstance, ...], dict[int, Any]]:
-        """GPU instances, one per GI id: a GPU instance with several compute instances (several
-        MIG devices with the same GI id) is one entity holding every compute instance's UUID.
-        GPU_I_PROFILE as DCGM builds it: "<gpuInstanceSliceCount>g.<ceil(memorySizeMB / 1024)>gb"
-        from nvmlDeviceAttributes_t (nvml.h), the profile's memory, not the rounded memory total."""
-        n = self._nvml
-        try:
-            current, _pending = n.nvmlDeviceGetMigMode(h)
-        except self._error as exc:
-            if error_name(n, exc) in DOWN_ERRORS:
-                raise
-            return (), {}
-        if current != 1:
-            return (), {}
-        found: dict[int, list[tuple[int, str, Any, str]]] = {}
-        for slot in range(int(n.nvmlDeviceGetMaxMigDeviceCount(h))):
-            try:
-                mh = n.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
-            except self._error:
-                continue  # empty slot
-            gi = int(n.nvmlDeviceGetGpuInstanceId(mh))
-            try:
-                ci = int(n.nvmlDeviceGetComputeInstanceId(mh))
-            except self._error:
-                ci = 0
-            attrs = n.nvmlDeviceGetAttributes(mh)
-            mem_mb = getattr(attrs, "memorySizeMB", 0) or n.nvmlDeviceGetMemoryInfo(mh).total // MIB
-            profile = f"{int(attrs.gpuInstanceSliceCount)}g.{math.ceil(mem_mb / 1024)}gb"
-            found.setdefault(gi, []).append((ci, as_str(n.nvmlDeviceGetUUID(mh)), mh, profile))
-        instances: list[MigInstance] = []
-        handles: dict[int, Any] = {}
-        for gi in sorted(found):
-            cis = sorted(found[gi], key=lambda c: c[0])
-            uuids = tuple(c[1] for c in cis)
-            instances.append(MigInstance(gi, cis[0][3], uuids[0], uuids))
-            handles[gi] = cis[0][2]
-        return tuple(instances), handles
-
-    def _create_event_set(self) -> Any | None:
-        try:
-            return self._nvml.nvmlEventSetCreate()
-        except self._error as exc:
-            log.warning("XID events unavailable (nvmlEventSetCreate failed: %s): DCGM_FI_DEV_XID_ERRORS "
-                        "is not published", exc)
-            return None
+        return mig_layout(self._nvml, h)
 
     def _watch_xid(self, g: _Gpu) -> None:
-        n = self._nvml
-        if self._events is None or g.handle is None or g.xid_watched:
-            return
-        try:
-            if n.nvmlDeviceGetSupportedEventTypes(g.handle) & n.nvmlEventTypeXidCriticalError:
-                n.nvmlDeviceRegisterEvents(g.handle, n.nvmlEventTypeXidCriticalError, self._events)
-                g.xid_watched = True
-                return
-            reason = "the GPU offers no XID critical error events"
-        except self._error as exc:
-            reason = str(exc)
-        log.warning("GPU %d: cannot watch XID events (%s): DCGM_FI_DEV_XID_ERRORS is not published for it",
-                    g.info.index, reason, extra={"gpu": g.info.index, "reason": reason})
+        if g.handle is not None and not g.xid_watched:
+            g.xid_watched = self._xid.watch(g.info.index, g.handle)
 
     def _reinit(self, gpu: int) -> None:
         """NVML again after the driver went away (reload, upgrade): shutdown + init, once for all
@@ -275,7 +204,7 @@ class NvmlBackend:
                 raise GpuLostError(gpu, f"{self._why(exc)} (NVML re-initialisation failed)") from exc
             self._gen += 1
             self._need_reinit = False
-            self._events = self._create_event_set()  # the old set may still be waited on: not freed
+            self._xid.renew()
             for g in self._gpus:
                 g.xid_watched = False
             log.warning("NVML re-initialised after a driver error; GPUs are re-acquired by UUID")
@@ -512,37 +441,12 @@ class NvmlBackend:
     # --- XID -----------------------------------------------------------------------------------
 
     def wait_xid(self, timeout_s: float) -> list[XidEvent]:
-        """Block up to timeout_s for critical XID events: (gpu, xid) for the whole GPU, (gpu, xid,
-        GPU instance id) when NVML names a MIG GPU instance. Keep timeout_s short (about 1 s):
-        NVML's wait cannot be interrupted, so ``close`` takes effect after the current wait."""
-        n = self._nvml
-        events = self._events
-        if events is None or self._closed:
-            self._stop.wait(max(timeout_s, 0.0))
+        """Block up to timeout_s for critical XID events: (gpu, xid), or (gpu, xid, GPU instance id)
+        when NVML names a MIG GPU instance. Keep timeout_s short (about 1 s): NVML's wait cannot be
+        interrupted, so ``close`` takes effect after the current wait."""
+        if self._closed:
             return []
-        out: list[XidEvent] = []
-        wait_ms = max(int(timeout_s * 1000), 0)
-        while len(out) < 64:
-            try:
-                data = n.nvmlEventSetWait_v2(events, wait_ms)
-            except self._error as exc:
-                if getattr(exc, "value", None) != n.NVML_ERROR_TIMEOUT:
-                    if not self._xid_wait_failing:
-                        log.warning("waiting for XID events failed (retrying quietly): %s", exc)
-                    self._xid_wait_failing = True
-                    self._stop.wait(min(max(timeout_s, 0.0), 1.0))
-                break
-            self._xid_wait_failing = False
-            if data.eventType & n.nvmlEventTypeXidCriticalError:
-                try:
-                    gpu = int(n.nvmlDeviceGetIndex(data.device))
-                except self._error as exc:
-                    log.warning("XID %d on a device NVML cannot name: %s", data.eventData, exc)
-                else:
-                    gi = int(getattr(data, "gpuInstanceId", NO_GI))
-                    out.append((gpu, int(data.eventData)) if gi == NO_GI else (gpu, int(data.eventData), gi))
-            wait_ms = 0  # drain what else is queued, without blocking
-        return out
+        return self._xid.wait(timeout_s)
 
     def close(self) -> None:
         if self._closed:
@@ -552,8 +456,7 @@ class NvmlBackend:
         n = self._nvml
         self._gpm.close()
         try:
-            if self._events is not None:
-                n.nvmlEventSetFree(self._events)
+            self._xid.close()
             n.nvmlShutdown()
         except self._error as exc:
             log.debug("NVML shutdown: %s", exc)
