@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,7 @@ class GpmSampler:
         self._clock = clock
         self.min_age_s = min_age_s
         self._states: dict[tuple[int, int | None], _State] = {}
+        self._lock = threading.Lock()  # GPUs are read on parallel threads: guards _states' shape
         self._warned = False
 
     def probe(self, gpu: int, h: Any) -> tuple[set[str], dict[str, str]]:
@@ -87,7 +89,9 @@ class GpmSampler:
             n = self._nvml
             request = n.c_nvmlGpmMetricsGet_t()
             request.version = n.NVML_GPM_METRICS_GET_VERSION
-            st = self._states[(gpu, gi)] = _State(n.nvmlGpmSampleAlloc(), n.nvmlGpmSampleAlloc(), request)
+            st = _State(n.nvmlGpmSampleAlloc(), n.nvmlGpmSampleAlloc(), request)
+            with self._lock:
+                self._states[(gpu, gi)] = st
         return st
 
     def _sample(self, gpu: int, h: Any, gi: int | None) -> _State:
@@ -130,14 +134,18 @@ class GpmSampler:
 
     def forget(self, gpu: int) -> None:
         """The GPU was re-opened: its next sample starts a new pair."""
-        for (g, _gi), st in self._states.items():
-            if g == gpu:
-                st.have_prev, st.last = False, {}
+        with self._lock:
+            mine = [st for (g, _gi), st in self._states.items() if g == gpu]
+        for st in mine:
+            st.have_prev, st.last = False, {}
 
     def keep_instances(self, gpu: int, gis: set[int]) -> None:
         """Free the state of MIG GPU instances that no longer exist."""
-        for key in [k for k in self._states if k[0] == gpu and k[1] is not None and k[1] not in gis]:
-            self._free(self._states.pop(key))
+        with self._lock:
+            gone = [k for k in self._states if k[0] == gpu and k[1] is not None and k[1] not in gis]
+            states = [self._states.pop(k) for k in gone]
+        for st in states:
+            self._free(st)
 
     def _free(self, st: _State) -> None:
         for sample in (st.prev, st.cur):
@@ -147,6 +155,8 @@ class GpmSampler:
                 log.debug("nvmlGpmSampleFree: %s", exc)
 
     def close(self) -> None:
-        for st in self._states.values():
+        with self._lock:
+            states = list(self._states.values())
+            self._states.clear()
+        for st in states:
             self._free(st)
-        self._states.clear()

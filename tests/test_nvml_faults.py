@@ -72,7 +72,7 @@ def test_gpu_failing_while_probed_at_start_is_down_not_fatal() -> None:
         b.close()
 
 
-def test_gpu_lost_at_start_comes_back_by_uuid_with_full_device_info() -> None:
+def test_gpu_lost_at_start_comes_back_by_index_with_full_device_info_and_is_probed() -> None:
     fake = FakeNvml(n_gpus=2)
     fake.broken[1] = pynvml.NVML_ERROR_GPU_IS_LOST
     b = backend(fake)
@@ -182,4 +182,31 @@ def test_a_hung_call_blocks_only_its_own_gpu_read() -> None:
         assert done
     finally:
         gate.set()
+        b.close()
+
+
+def test_parallel_reads_of_different_gpus_with_mig_relayouts_are_safe() -> None:
+    """The collector reads GPUs on parallel threads: shared backend state must not break."""
+    fake = FakeNvml(n_gpus=4, mig={0: [(1, 3, 40192, 0)], 2: [(1, 3, 40192, 0), (2, 4, 40192, 0)]})
+    b = backend(fake)
+    errors: list[BaseException] = []
+
+    def worker(gpu: int) -> None:
+        try:
+            for i in range(40):
+                fake.now += 0.5
+                if gpu == 2:
+                    fake.mig[2] = [(1, 3, 40192, 0)] if i % 2 else [(1, 3, 40192, 0), (2, 4, 40192, 0)]
+                b.read(gpu, DEFAULTS)
+        except BaseException as exc:  # collected for the assertion
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=worker, args=(g,)) for g in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert errors == []
+    finally:
         b.close()

@@ -108,7 +108,7 @@ def test_all_default_series_present_with_exact_labels(exporter: tuple[subprocess
             continue
         names = [pair.split("=", 1)[0] for pair in re.findall(r'(\w+="(?:[^"\\]|\\.)*")', m.group(2))]
         xid = m.group(1) == "DCGM_FI_DEV_XID_ERRORS"  # dcgm-exporter 4.8.2 adds err_code, err_msg there
-        assert names == (LABELS + ["err_code", "err_msg"] if xid else LABELS), line
+        assert names == ([*LABELS, "err_code", "err_msg"] if xid else LABELS), line
         assert 'Hostname="node-e2e"' in line
         seen[m.group(1)] = seen.get(m.group(1), 0) + 1
     assert seen == {name: 8 for name in DEFAULT_SERIES}
