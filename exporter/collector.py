@@ -127,9 +127,14 @@ def _detail(exp: Exposition) -> str:
     return "".join(f"; {d.describe()}" for d in exp.down)
 
 
-def liveness_of(exp: Exposition, now: float, interval_s: float) -> tuple[bool, str]:
-    """Liveness: the collection loop completes cycles. Down GPUs do not fail it (restarting the
-    process cannot fix hardware); they are named in the text."""
+def liveness_of(
+    exp: Exposition, now: float, interval_s: float, started_at: float | None = None
+) -> tuple[bool, str]:
+    """Liveness: the collection loop completes cycles (the first within 3 intervals of
+    ``started_at``). Down GPUs do not fail it (restarting the process cannot fix hardware); they
+    are named in the text."""
+    if exp.collected_at is None and started_at is not None and now - started_at < STALE_INTERVALS * interval_s:
+        return True, "OK; no collection has finished yet"
     stale = _stale(exp, now, interval_s)
     if stale:
         return False, stale + _detail(exp)
@@ -271,7 +276,7 @@ class Collector:
 
     def health(self) -> tuple[bool, str]:
         """Liveness: (False, why) only when the collection loop is stale; down GPUs are named."""
-        return liveness_of(self.exposition, self._clock(), self._interval_s)
+        return liveness_of(self.exposition, self._clock(), self._interval_s, self._started_at)
 
     def readiness(self) -> tuple[bool, str]:
         """Readiness: also False when no selected GPU is up; down GPUs are named."""

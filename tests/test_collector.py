@@ -244,6 +244,10 @@ def test_liveness_and_readiness_verdicts(
 def test_health_turns_stale_with_injected_clock() -> None:
     clock = Clock()
     c = make(FakeBackend(n=1), clock=clock)
+    # issue 7: liveness fails only when the loop is stale: the first cycle has 3 intervals
+    assert c.health() == (True, "OK; no collection has finished yet")
+    assert c.readiness() == (False, "no collection has finished yet")
+    clock.t += 15.0
     assert c.health()[0] is False
     c.collect_once()
     assert c.health() == (True, "OK")
