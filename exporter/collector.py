@@ -306,10 +306,10 @@ class Collector:
         return tuple(units)
 
     def _unavailable(self, gpu: int) -> dict[str, str]:
+        """The backend's refused fields (among those it was asked about: rows the caller may have
+        dropped with "Skipping line" before building this collector are still listed)."""
         fn = getattr(self._backend, "unavailable", None)
-        if not callable(fn):
-            return {}
-        return {f: r for f, r in fn(gpu).items() if f in self._wanted}
+        return dict(fn(gpu)) if callable(fn) else {}
 
     @property
     def interval_s(self) -> float:

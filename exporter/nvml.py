@@ -90,6 +90,7 @@ class _Gpu:
     rate_prev: dict[str, tuple[float, int]] = field(default_factory=dict)
     plans: dict[frozenset[str], Plan] = field(default_factory=dict)
     unavailable: dict[str, str] = field(default_factory=dict)  # field -> why (NO_PERMISSION)
+    asked: set[str] = field(default_factory=set)  # every field supported_fields was asked about
     xid_watched: bool = False
 
 
@@ -321,8 +322,10 @@ class NvmlBackend:
         return dict(self._gpus[gpu].labels)
 
     def unavailable(self, gpu: int) -> dict[str, str]:
-        """Fields this GPU could report but NVML refuses, with why (``NO_PERMISSION`` for GPM)."""
-        return dict(self._gpu(gpu).unavailable)
+        """Fields asked about (``supported_fields``) that this GPU could report but NVML refuses,
+        with why (``NO_PERMISSION`` for GPM)."""
+        g = self._gpu(gpu)
+        return {f: r for f, r in g.unavailable.items() if f in g.asked}
 
     def set_interval(self, interval_s: float) -> None:
         """The collection interval: GPM samples are taken about one interval apart."""
@@ -330,6 +333,8 @@ class NvmlBackend:
 
     def supported_fields(self, gpu: int, fields: Iterable[str]) -> set[str]:
         """What this GPU answers; a GPU down at start supports nothing yet (probed when it answers)."""
+        fields = list(fields)
+        self._gpu(gpu).asked.update(fields)
         try:
             supported = self._probe(gpu)
         except GpuLostError as exc:

@@ -4,16 +4,18 @@ field_unavailable, self-metrics naming the node."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 import pynvml
+import pytest
 
 from exporter.backend import DeviceInfo, Entity, MigInstance, Value
 from exporter.collector import Collector
-from exporter.counters_csv import load_counters
+from exporter.counters_csv import filter_supported, load_counters
 from exporter.fields import FIELDS
 from exporter.nvml import NvmlBackend
 from exporter.xid import XidState
@@ -209,7 +211,7 @@ class Refused(FakeBackend):
     intervals: list[float] = field(default_factory=list)
 
     def unavailable(self, gpu: int) -> dict[str, str]:
-        return {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": "NO_PERMISSION", "DCGM_FI_PROF_SM_ACTIVE": "NO_PERMISSION"}
+        return {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": "NO_PERMISSION"}
 
     def set_interval(self, interval_s: float) -> None:
         self.intervals.append(interval_s)
@@ -217,11 +219,10 @@ class Refused(FakeBackend):
 
 def test_refused_fields_are_exposed_as_field_unavailable_and_the_interval_is_passed_on() -> None:
     be = Refused(n=1)
-    exp = Collector(be, MIG_SPECS, "node-a", 5.0).collect_once()
+    exp = Collector(be, SPECS, "node-a", 5.0).collect_once()  # the PROF row was already dropped
     text = exp.text.decode()
     assert ('gpu_exporter_field_unavailable{gpu="0",UUID="GPU-00000000",pci_bus_id="00000000:10:00.0",'
             'Hostname="node-a",field="DCGM_FI_PROF_GR_ENGINE_ACTIVE",reason="NO_PERMISSION"} 1') in text
-    assert "DCGM_FI_PROF_SM_ACTIVE" not in text  # not in the counters: not listed
     assert be.intervals == [5.0]
 
 
@@ -324,10 +325,18 @@ def test_gpu_lost_at_start_over_nvml_is_down_with_labels_and_the_node_is_served(
         b.close()
 
 
-def test_profiling_refused_over_nvml_lists_each_prof_row_unavailable() -> None:
+def test_profiling_refused_over_nvml_lists_each_prof_row_unavailable_after_cli_style_filtering(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     fake = FakeNvml(n_gpus=1)
     fake.gpm_refused = True
-    b, c = nvml_collector(fake)
+    b = NvmlBackend(fake, clock=fake.clock)
+    specs = load_counters(None)
+    supported = {0: b.supported_fields(0, [s.field for s in specs if s.kind != "label"])}
+    with caplog.at_level("WARNING"):
+        kept = filter_supported(specs, supported[0] | {"DCGM_FI_DEV_XID_ERRORS"}, logging.getLogger("t"))
+    assert sum("Skipping line" in m and "DCGM_FI_PROF_" in m for m in caplog.messages) == 5
+    c = Collector(b, kept, "node-a", 5.0, supported=supported)
     try:
         text = c.collect_once().text.decode()
         assert text.count("gpu_exporter_field_unavailable{") == 5  # the default set's PROF rows
