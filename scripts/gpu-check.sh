@@ -16,6 +16,7 @@
 #   scripts/gpu-check.sh --probe-only     the probe passes only
 #   GPU_CHECK_FAKE=1|refused              probe the fake pynvml of tests/ instead of a GPU (to test
 #                                         this script without one; implies --probe-only)
+#   GPU_CHECK_PYTHON=/path/to/python      the interpreter (default: the repo's .venv, else python3)
 #
 # Installs nothing and never changes GPU settings (no clocks, power limits, persistence or MIG
 # mode): it only reads through NVML and runs ordinary CUDA work.
@@ -24,8 +25,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 
-PY=python3
-[[ -x "$REPO/.venv/bin/python" ]] && PY="$REPO/.venv/bin/python"
+PY=${GPU_CHECK_PYTHON:-python3}
+[[ -z "${GPU_CHECK_PYTHON:-}" && -x "$REPO/.venv/bin/python" ]] && PY="$REPO/.venv/bin/python"
 if ! "$PY" -c 'import exporter.cli' 2>/dev/null; then
   export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 fi

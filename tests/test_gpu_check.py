@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu-check.sh"
 
 
 def run(mode: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "GPU_CHECK_FAKE": mode}
+    env = {**os.environ, "GPU_CHECK_FAKE": mode, "GPU_CHECK_PYTHON": sys.executable}
     return subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=120, env=env, check=False)
 
 
