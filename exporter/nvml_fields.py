@@ -159,13 +159,18 @@ def brand_name(code: int) -> str:
     return BRANDS.get(code, "Unknown")
 
 
+_ERROR_NAMES: dict[int, dict[int, str]] = {}  # id(pynvml module) -> return code -> short name
+
+
 def error_name(nvml: Any, exc: BaseException) -> str:
     """The short nvml.h name of an NVML error (``RESET_REQUIRED``), or the text when unknown."""
+    names = _ERROR_NAMES.get(id(nvml))
+    if names is None:
+        names = _ERROR_NAMES[id(nvml)] = {
+            getattr(nvml, n): n[len("NVML_ERROR_"):] for n in dir(nvml) if n.startswith("NVML_ERROR_")
+        }
     code = getattr(exc, "value", None)
-    for name in dir(nvml):
-        if name.startswith("NVML_ERROR_") and getattr(nvml, name) == code:
-            return name[len("NVML_ERROR_"):]
-    return str(exc)
+    return names.get(code, str(exc)) if isinstance(code, int) else str(exc)
 
 
 @dataclass(frozen=True, slots=True)
