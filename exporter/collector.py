@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 
 from exporter.backend import DeviceInfo, Entity, GpuBackend, GpuLostError, MigInstance, Value, per_instance
+from exporter.exposition import EMPTY, STALE_INTERVALS, DownGpu, Exposition, liveness_of, readiness_of
+from exporter.gpu_reader import GpuReader
 from exporter.render import (
     PodLabels,
     Row,
@@ -41,11 +43,15 @@ from exporter.render import (
 from exporter.selfmetrics import BuildInfo, DeviceStat, SelfState, Unavailable, render_self_metrics
 from exporter.xid import XidState, xid_message
 
+__all__ = [
+    "DRIVER_VERSION", "EMPTY", "STALE_INTERVALS", "XID_ERRORS", "Collector", "DownGpu", "Exposition",
+    "label_values", "liveness_of", "readiness_of", "xid_labels",
+]  # fmt: skip
+
 log = logging.getLogger(__name__)
 
 DRIVER_VERSION = "DCGM_FI_DRIVER_VERSION"
 XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"
-STALE_INTERVALS = 3
 # What the pod source returns per GPU or MIG UUID: the pods holding it (time-slicing: several).
 # A bare PodLabels (the pre-issue-7 shape) is taken as a one-pod sequence.
 PodMap = Mapping[str, Sequence[PodLabels] | PodLabels]
@@ -85,118 +91,11 @@ def xid_labels(prefix: str, pod: PodLabels | None, code: int) -> str:
     return prefix + "".join(f',{k}="{escape_label_value(v)}"' for k, v in sorted(attrs.items())) + "}"
 
 
-@dataclass(frozen=True, slots=True)
-class DownGpu:
-    gpu: int
-    uuid: str
-    reason: str
-
-    def describe(self) -> str:
-        return f"gpu {self.gpu} ({self.uuid or 'no UUID'}) down: {self.reason}"
-
-
-@dataclass(frozen=True, slots=True)
-class Exposition:
-    """What every scrape serves until the next cycle replaces it."""
-
-    text: bytes
-    openmetrics: bytes
-    collected_at: float | None  # clock() when the cycle finished; None before the first
-    devices_up: int
-    devices_total: int
-    problem: str  # "" when every GPU answered
-    down: tuple[DownGpu, ...] = ()
-
-
-EMPTY = Exposition(b"", b"# EOF\n", None, 0, 0, "no collection yet")
-
-
-def _stale(exp: Exposition, now: float, interval_s: float) -> str:
-    if exp.collected_at is None:
-        return "no collection has finished yet"
-    age = now - exp.collected_at
-    if age >= STALE_INTERVALS * interval_s:
-        return (
-            f"collection loop stale: last cycle finished {age:.1f}s ago, "
-            f"more than {STALE_INTERVALS} intervals of {interval_s:g}s"
-        )
-    return ""
-
-
-def _detail(exp: Exposition) -> str:
-    return "".join(f"; {d.describe()}" for d in exp.down)
-
-
-def liveness_of(
-    exp: Exposition, now: float, interval_s: float, started_at: float | None = None
-) -> tuple[bool, str]:
-    """Liveness: the collection loop completes cycles (the first within 3 intervals of
-    ``started_at``). Down GPUs do not fail it (restarting the process cannot fix hardware); they
-    are named in the text."""
-    if exp.collected_at is None and started_at is not None and now - started_at < STALE_INTERVALS * interval_s:
-        return True, "OK; no collection has finished yet"
-    stale = _stale(exp, now, interval_s)
-    if stale:
-        return False, stale + _detail(exp)
-    return True, "OK" + _detail(exp)
-
-
-def readiness_of(exp: Exposition, now: float, interval_s: float) -> tuple[bool, str]:
-    """Readiness: the loop is live and at least one selected GPU is up (or none is selected)."""
-    stale = _stale(exp, now, interval_s)
-    if stale:
-        return False, stale + _detail(exp)
-    if exp.devices_total > 0 and exp.devices_up == 0:
-        return False, "no GPU is up" + _detail(exp)
-    return True, "OK" + _detail(exp)
-
-
 def package_version() -> str:
     try:
         return metadata.version("gpu-telemetry")
     except metadata.PackageNotFoundError:
         return "0.0.0+unknown"
-
-
-class _Reader:
-    """One GPU's read thread: started on first use, then reused every cycle (a thread start costs
-    about 0.5 ms on a busy node; a wake-up a few us). ``submit`` refuses while a read still runs."""
-
-    def __init__(self, name: str, fn: Callable[[], None]) -> None:
-        self._fn = fn
-        self._go = threading.Event()
-        self._done = threading.Event()
-        self._done.set()
-        self._closed = False
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-
-    def busy(self) -> bool:
-        return not self._done.is_set()
-
-    def submit(self) -> None:
-        self._done.clear()
-        self._go.set()
-        if not self._thread.is_alive():
-            self._thread.start()
-
-    def wait(self, timeout_s: float) -> bool:
-        return self._done.wait(max(0.0, timeout_s))
-
-    def close(self) -> None:
-        """Ends the thread after its current read (a hung one ends when NVML returns)."""
-        self._closed = True
-        self._go.set()
-
-    def _loop(self) -> None:
-        while True:
-            self._go.wait()
-            self._go.clear()
-            if self._closed:
-                return
-            try:
-                self._fn()
-            finally:
-                self._done.set()
 
 
 @dataclass(slots=True)
@@ -221,7 +120,7 @@ class _Gpu:
     errors: int = 0
     duration_s: float | None = None
     problem: str = ""
-    reader: _Reader | None = None
+    reader: GpuReader | None = None
     result: _Result = field(default_factory=_Result)
     unavailable: dict[str, str] = field(default_factory=dict)
     relabel: bool = False  # rebuild the label prefixes from the backend's device info
@@ -369,7 +268,7 @@ class Collector:
         deadline = time.perf_counter() + self._read_timeout_s
         for g in self._gpus:
             if g.reader is None:
-                g.reader = _Reader(f"read-gpu{g.index}", lambda g=g: self._work(g))  # type: ignore[misc]
+                g.reader = GpuReader(f"read-gpu{g.index}", lambda g=g: self._work(g))  # type: ignore[misc]
             if g.reader.busy():
                 continue  # a hung read: not started again until it returns
             g.result = _Result()

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from exporter.backend import BackendError, DeviceInfo, Entity, GpuLostError, MigInstance, Value, XidEvent
-from exporter.nvml_devices import DOWN_ERRORS, REINIT_ERRORS, device_info, mig_layout
+from exporter.nvml_devices import DOWN_ERRORS, REINIT_ERRORS, device_info, error_name, init_message, mig_layout
 from exporter.nvml_fields import (
     FIELD_VALUES,
     GETTERS,
@@ -59,8 +59,6 @@ from exporter.nvml_fields import (
     as_str,
     convert_field_values,
     device_labels,
-    error_name,
-    init_message,
     make_plan,
     memory_v1,
     memory_v2,

@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from exporter.backend import DeviceInfo, MigInstance
-from exporter.nvml_fields import MIB, as_str, error_name
+from exporter.nvml_fields import MIB, as_str
 
 # nvml.h return codes after which the GPU (or the whole library) no longer answers
 DOWN_ERRORS = frozenset(
@@ -16,6 +16,42 @@ DOWN_ERRORS = frozenset(
 # ... and after which NVML must be initialised again (driver reloaded or upgraded)
 REINIT_ERRORS = frozenset({"UNINITIALIZED", "DRIVER_NOT_LOADED", "LIB_RM_VERSION_MISMATCH"})
 NO_GI = 0xFFFFFFFF  # nvmlEventData_t.gpuInstanceId when the event is not about one GPU instance
+
+
+_ERROR_NAMES: dict[int, dict[int, str]] = {}  # id(pynvml module) -> return code -> short name
+
+
+def error_name(nvml: Any, exc: BaseException) -> str:
+    """The short nvml.h name of an NVML error (``RESET_REQUIRED``), or the text when unknown."""
+    names = _ERROR_NAMES.get(id(nvml))
+    if names is None:
+        names = _ERROR_NAMES[id(nvml)] = {
+            getattr(nvml, n): n[len("NVML_ERROR_"):] for n in dir(nvml) if n.startswith("NVML_ERROR_")
+        }
+    code = getattr(exc, "value", None)
+    return names.get(code, str(exc)) if isinstance(code, int) else str(exc)
+
+
+def init_message(nvml: Any, exc: Any) -> str:
+    """The hint for an ``nvmlInit`` failure: what to install or check for the usual error codes."""
+    code = getattr(exc, "value", None)
+    hints = {
+        getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", -1): (
+            "NVML library libnvidia-ml.so.1 not found: install the NVIDIA driver on the host; in a "
+            "container run with the NVIDIA runtime (runtimeClassName: nvidia, NVIDIA_VISIBLE_DEVICES=all) "
+            "so the driver libraries are mounted; or use --backend simulated"
+        ),
+        getattr(nvml, "NVML_ERROR_DRIVER_NOT_LOADED", -1): (
+            "the NVIDIA kernel driver is not loaded: check `nvidia-smi` and `lsmod | grep nvidia` on the node"
+        ),
+        getattr(nvml, "NVML_ERROR_NO_PERMISSION", -1): (
+            "no permission to open /dev/nvidia*: run as root or give the container the GPU devices"
+        ),
+        getattr(nvml, "NVML_ERROR_LIB_RM_VERSION_MISMATCH", -1): (
+            "the NVML library and the kernel driver have different versions: reboot or reload the driver"
+        ),
+    }
+    return hints.get(code, f"NVML initialisation failed: {exc}")
 
 
 def device_info(nvml: Any, index: int, h: Any) -> tuple[DeviceInfo, dict[int, Any]]:

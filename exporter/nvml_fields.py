@@ -159,19 +159,6 @@ def brand_name(code: int) -> str:
     return BRANDS.get(code, "Unknown")
 
 
-_ERROR_NAMES: dict[int, dict[int, str]] = {}  # id(pynvml module) -> return code -> short name
-
-
-def error_name(nvml: Any, exc: BaseException) -> str:
-    """The short nvml.h name of an NVML error (``RESET_REQUIRED``), or the text when unknown."""
-    names = _ERROR_NAMES.get(id(nvml))
-    if names is None:
-        names = _ERROR_NAMES[id(nvml)] = {
-            getattr(nvml, n): n[len("NVML_ERROR_"):] for n in dir(nvml) if n.startswith("NVML_ERROR_")
-        }
-    code = getattr(exc, "value", None)
-    return names.get(code, str(exc)) if isinstance(code, int) else str(exc)
-
 
 @dataclass(frozen=True, slots=True)
 class FieldValue:
@@ -400,25 +387,3 @@ def memory_v1(m: Any) -> dict[str, Value]:
         "DCGM_FI_DEV_FB_RESERVED": 0,
         "DCGM_FI_DEV_FB_USED_PERCENT": m.used / m.total if m.total > 0 else 0.0,
     }
-
-
-def init_message(nvml: Any, exc: Any) -> str:
-    """The hint for an ``nvmlInit`` failure: what to install or check for the usual error codes."""
-    code = getattr(exc, "value", None)
-    hints = {
-        getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", -1): (
-            "NVML library libnvidia-ml.so.1 not found: install the NVIDIA driver on the host; in a "
-            "container run with the NVIDIA runtime (runtimeClassName: nvidia, NVIDIA_VISIBLE_DEVICES=all) "
-            "so the driver libraries are mounted; or use --backend simulated"
-        ),
-        getattr(nvml, "NVML_ERROR_DRIVER_NOT_LOADED", -1): (
-            "the NVIDIA kernel driver is not loaded: check `nvidia-smi` and `lsmod | grep nvidia` on the node"
-        ),
-        getattr(nvml, "NVML_ERROR_NO_PERMISSION", -1): (
-            "no permission to open /dev/nvidia*: run as root or give the container the GPU devices"
-        ),
-        getattr(nvml, "NVML_ERROR_LIB_RM_VERSION_MISMATCH", -1): (
-            "the NVML library and the kernel driver have different versions: reboot or reload the driver"
-        ),
-    }
-    return hints.get(code, f"NVML initialisation failed: {exc}")

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.backend import Value
-from exporter.nvml_fields import GPM_FIELDS, GPM_NEEDS_NVLINK, error_name, gpm_value
+from exporter.nvml_devices import error_name
+from exporter.nvml_fields import GPM_FIELDS, GPM_NEEDS_NVLINK, gpm_value
 
 log = logging.getLogger(__name__)
 
