@@ -179,8 +179,8 @@ class NvmlBackend:
     def _info(self, index: int, h: Any) -> tuple[DeviceInfo, dict[int, Any]]:
         return device_info(self._nvml, index, h)
 
-    def _mig_layout(self, h: Any) -> tuple[tuple[MigInstance, ...], dict[int, Any]]:
-        return mig_layout(self._nvml, h)
+    def _mig_layout(self, h: Any, previous: tuple[MigInstance, ...]) -> tuple[tuple[MigInstance, ...], dict[int, Any]]:
+        return mig_layout(self._nvml, h, previous)
 
     def _watch_xid(self, g: _Gpu) -> None:
         if g.handle is not None and not g.xid_watched:
@@ -352,7 +352,7 @@ class NvmlBackend:
             g.info = replace(g.info, problem="")
         n, h, stats = self._nvml, g.handle, _PassStats()
         try:
-            mig, g.mig_handles = self._mig_layout(h)
+            mig, g.mig_handles = self._mig_layout(h, g.info.mig)
         except self._error as exc:
             self._failed(gpu, exc, stats)
             mig = g.info.mig

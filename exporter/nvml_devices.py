@@ -69,11 +69,32 @@ def device_info(nvml: Any, index: int, h: Any) -> tuple[DeviceInfo, dict[int, An
     mig, handles = mig_layout(nvml, h)
     return DeviceInfo(index, uuid, pci, name, minor, mig), handles
 
-def mig_layout(nvml: Any, h: Any) -> tuple[tuple[MigInstance, ...], dict[int, Any]]:
+def dcgm_profile_name(nvml: Any, h: Any, gi: int) -> str | None:
+    """GPU_I_PROFILE as DCGM builds it (DcgmCacheManager.cpp: "<sliceCount>g.<ceil(memorySizeMB /
+    1024)>gb" of the GPU instance's nvmlGpuInstanceProfileInfo_t): the GI's profile id from
+    nvmlGpuInstanceGetInfo, matched against nvmlDeviceGetGpuInstanceProfileInfo over the profile
+    indices. None when NVML does not answer that way (the caller falls back)."""
+    try:
+        profile_id = int(nvml.nvmlGpuInstanceGetInfo(nvml.nvmlDeviceGetGpuInstanceById(h, gi)).profileId)
+    except nvml.NVMLError:
+        return None
+    for index in range(int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0))):
+        try:
+            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, index)
+        except nvml.NVMLError:
+            continue
+        if int(info.id) == profile_id:
+            return f"{int(info.sliceCount)}g.{math.ceil(int(info.memorySizeMB) / 1024)}gb"
+    return None
+
+
+def mig_layout(
+    nvml: Any, h: Any, previous: tuple[MigInstance, ...] = ()
+) -> tuple[tuple[MigInstance, ...], dict[int, Any]]:
     """GPU instances, one per GI id: a GPU instance with several compute instances (several
-    MIG devices with the same GI id) is one entity holding every compute instance's UUID.
-    GPU_I_PROFILE as DCGM builds it: "<gpuInstanceSliceCount>g.<ceil(memorySizeMB / 1024)>gb"
-    from nvmlDeviceAttributes_t (nvml.h), the profile's memory, not the rounded memory total."""
+    MIG devices with the same GI id) is one entity holding every compute instance's UUID. The
+    profile name (``dcgm_profile_name``, else from nvmlDeviceAttributes_t of the MIG device) is
+    computed once per GPU instance: an instance in ``previous`` with the same id and UUIDs keeps it."""
     n = nvml
     try:
         current, _pending = n.nvmlDeviceGetMigMode(h)
@@ -83,7 +104,7 @@ def mig_layout(nvml: Any, h: Any) -> tuple[tuple[MigInstance, ...], dict[int, An
         return (), {}
     if current != 1:
         return (), {}
-    found: dict[int, list[tuple[int, str, Any, str]]] = {}
+    found: dict[int, list[tuple[int, str, Any]]] = {}
     for slot in range(int(n.nvmlDeviceGetMaxMigDeviceCount(h))):
         try:
             mh = n.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
@@ -94,15 +115,20 @@ def mig_layout(nvml: Any, h: Any) -> tuple[tuple[MigInstance, ...], dict[int, An
             ci = int(n.nvmlDeviceGetComputeInstanceId(mh))
         except nvml.NVMLError:
             ci = 0
-        attrs = n.nvmlDeviceGetAttributes(mh)
-        mem_mb = getattr(attrs, "memorySizeMB", 0) or n.nvmlDeviceGetMemoryInfo(mh).total // MIB
-        profile = f"{int(attrs.gpuInstanceSliceCount)}g.{math.ceil(mem_mb / 1024)}gb"
-        found.setdefault(gi, []).append((ci, as_str(n.nvmlDeviceGetUUID(mh)), mh, profile))
+        found.setdefault(gi, []).append((ci, as_str(n.nvmlDeviceGetUUID(mh)), mh))
+    known = {(m.gpu_instance_id, m.all_uuids()): m.profile for m in previous}
     instances: list[MigInstance] = []
     handles: dict[int, Any] = {}
     for gi in sorted(found):
         cis = sorted(found[gi], key=lambda c: c[0])
         uuids = tuple(c[1] for c in cis)
-        instances.append(MigInstance(gi, cis[0][3], uuids[0], uuids))
+        profile = known.get((gi, uuids)) or dcgm_profile_name(n, h, gi) or _attributes_profile(n, cis[0][2])
+        instances.append(MigInstance(gi, profile, uuids[0], uuids))
         handles[gi] = cis[0][2]
     return tuple(instances), handles
+
+
+def _attributes_profile(nvml: Any, mh: Any) -> str:
+    attrs = nvml.nvmlDeviceGetAttributes(mh)
+    mem_mb = getattr(attrs, "memorySizeMB", 0) or nvml.nvmlDeviceGetMemoryInfo(mh).total // MIB
+    return f"{int(attrs.gpuInstanceSliceCount)}g.{math.ceil(mem_mb / 1024)}gb"

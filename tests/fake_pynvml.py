@@ -19,7 +19,8 @@ implement answers NVML_ERROR_NOT_SUPPORTED when called; it never succeeds silent
 MIG: ``mig[gpu]`` lists MIG devices as (gi, slices, GiB) (profile memory = memory total =
 GiB * 1024 - 300 MiB, one compute instance) or (gi, slices, profile MiB, ci) (memory total one GiB
 under the profile's memorySizeMB, as drivers reserve some; several entries with the same gi are
-compute instances of one GPU instance).
+compute instances of one GPU instance). The GPU-instance profile table (nvmlGpuInstanceGetInfo,
+nvmlDeviceGetGpuInstanceProfileInfo) is built from those entries.
 """
 
 from __future__ import annotations
@@ -132,6 +133,7 @@ class FakeNvml:
         self.gen = 0
         self.uninitialized = False
         self.nvlink = nvlink
+        self.profiles = True  # False: the GPU-instance profile calls answer NOT_SUPPORTED
         self.xids: list[tuple[int, ...]] = []
         self.registered: list[int] = []
         self.field_requests: list[list[Any]] = []
@@ -489,9 +491,38 @@ class FakeNvml:
         return h.ci
 
     def nvmlDeviceGetAttributes(self, h: Handle) -> SimpleNamespace:
+        """The MIG device's attributes; memorySizeMB is the memory it reports (for 4-tuple
+        entries a GiB under the profile's), so only the profile route names profiles as DCGM."""
         self._hit("nvmlDeviceGetAttributes", h)
-        _gi, slices, profile_mb, _total = self._mig_entry(h)
-        return SimpleNamespace(gpuInstanceSliceCount=slices, memorySizeMB=profile_mb)
+        _gi, slices, _profile_mb, total = self._mig_entry(h)
+        return SimpleNamespace(gpuInstanceSliceCount=slices, memorySizeMB=total)
+
+    def _profiles(self, gpu: int) -> list[tuple[int, int]]:
+        """GPU instance profiles by profile index: (sliceCount, memorySizeMB); id = 100 + index."""
+        out = set()
+        for m in self.mig.get(gpu, ()):
+            out.add((m[1], m[2] * 1024 - 300 if len(m) < 4 else m[2]))
+        return sorted(out)
+
+    def nvmlDeviceGetGpuInstanceById(self, h: Handle, gi: int) -> Handle:
+        self._hit("nvmlDeviceGetGpuInstanceById", h)
+        if not self.profiles or not any(m[0] == gi for m in self.mig.get(h.gpu, ())):
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED if not self.profiles else _real.NVML_ERROR_NOT_FOUND)
+        return Handle(h.gpu, gi, gen=self.gen)
+
+    def nvmlGpuInstanceGetInfo(self, gih: Handle) -> SimpleNamespace:
+        self._hit("nvmlGpuInstanceGetInfo", gih)
+        m = next(m for m in self.mig[gih.gpu] if m[0] == gih.gi)
+        key = (m[1], m[2] * 1024 - 300 if len(m) < 4 else m[2])
+        return SimpleNamespace(id=gih.gi, profileId=100 + self._profiles(gih.gpu).index(key))
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, h: Handle, profile: int) -> SimpleNamespace:
+        self._hit("nvmlDeviceGetGpuInstanceProfileInfo", h)
+        table = self._profiles(h.gpu)
+        if not self.profiles or profile >= len(table):
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        slices, mb = table[profile]
+        return SimpleNamespace(id=100 + profile, sliceCount=slices, memorySizeMB=mb)
 
     # --- events ------------------------------------------------------------------------------------
 

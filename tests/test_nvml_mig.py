@@ -41,6 +41,28 @@ def test_profile_is_named_from_the_profile_memory_not_the_rounded_memory_total()
         b.close()
 
 
+def test_profile_name_falls_back_to_mig_device_attributes_without_profile_calls() -> None:
+    fake = FakeNvml(n_gpus=1, mig={0: [(7, 1, 11008, 0)]})
+    fake.profiles = False  # nvmlGpuInstanceGetInfo / ...ProfileInfo answer NOT_SUPPORTED
+    b = NvmlBackend(fake, clock=fake.clock)
+    try:
+        assert b.devices()[0].mig[0].profile == "1g.10gb"  # the device's 9984 MiB: the best NVML gives
+    finally:
+        b.close()
+
+
+def test_profile_names_are_computed_once_per_gpu_instance_not_every_pass() -> None:
+    fake, b = make()
+    try:
+        before = fake.calls["nvmlDeviceGetGpuInstanceProfileInfo"]
+        for _ in range(3):
+            fake.now += 5.0
+            b.read(0, DEFAULTS)
+        assert fake.calls["nvmlDeviceGetGpuInstanceProfileInfo"] == before
+    finally:
+        b.close()
+
+
 def test_h100_nvl_small_profile_is_named_like_dcgm_1g_11gb() -> None:
     fake = FakeNvml(n_gpus=1, mig={0: [(7, 1, 11008, 0)]})  # dcgm-exporter #544: "1g.11gb"
     b = NvmlBackend(fake, clock=fake.clock)
