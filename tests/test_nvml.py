@@ -352,6 +352,18 @@ def test_brand_label_is_dcgms_string_not_the_nvml_enum_number(backend: NvmlBacke
     assert backend.labels(0)["DCGM_FI_DEV_BRAND"] == "NVIDIA"  # NVML_BRAND_NVIDIA = 14
 
 
+@pytest.mark.parametrize(
+    ("brand", "text"),
+    [(pynvml.NVML_BRAND_GRID, "Grid"), (pynvml.NVML_BRAND_TESLA, "Tesla"),
+     (pynvml.NVML_BRAND_NVIDIA_VGAMING, "NVIDIA vGaming"), (pynvml.NVML_BRAND_NVIDIA_VCS, "NVIDIA Virtual Compute Server"),
+     (99, "Unknown")],
+)
+def test_brand_strings_follow_dcgm_cache_manager(brand: int, text: str) -> None:
+    from exporter.nvml_fields import brand_name
+
+    assert brand_name(brand) == text
+
+
 def test_pre_r510_driver_without_memory_info_v2_falls_back_to_v1_for_whole_gpus() -> None:
     fake = FakeNvml(n_gpus=1)
     fake.pre_r510 = True  # nvmlDeviceGetMemoryInfo_v2 missing: FUNCTION_NOT_FOUND
