@@ -355,7 +355,8 @@ def test_brand_label_is_dcgms_string_not_the_nvml_enum_number(backend: NvmlBacke
 @pytest.mark.parametrize(
     ("brand", "text"),
     [(pynvml.NVML_BRAND_GRID, "Grid"), (pynvml.NVML_BRAND_TESLA, "Tesla"),
-     (pynvml.NVML_BRAND_NVIDIA_VGAMING, "NVIDIA vGaming"), (pynvml.NVML_BRAND_NVIDIA_VCS, "NVIDIA Virtual Compute Server"),
+     (pynvml.NVML_BRAND_NVIDIA_VGAMING, "NVIDIA vGaming"),
+     (pynvml.NVML_BRAND_NVIDIA_VCS, "NVIDIA Virtual Compute Server"),
      (99, "Unknown")],
 )
 def test_brand_strings_follow_dcgm_cache_manager(brand: int, text: str) -> None:
