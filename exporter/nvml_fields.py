@@ -219,10 +219,12 @@ class RateField:
     unit_bytes: int  # bytes per counter unit
     per_s_divisor: int  # bytes/s -> DCGM unit
     first_zero: bool = False  # publish 0 on the first pass (no previous reading), as DCGM does
+    attr: str | None = None  # read this union member whatever valueType says (DCGM: ullVal)
 
 
 RATE_FIELDS: dict[str, RateField] = {
-    # DCGM: NVLink data TX+RX KiB counters over all links, (KiB delta / seconds) / 1000
+    # DCGM (DcgmCacheManager.cpp): NVLink data TX+RX KiB counters (ullVal) over all links,
+    # (KiB delta / seconds) / 1000; 0 without a previous reading; a zero timestamp means "now"
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": RateField(
         (
             ("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", UINT_MAX),
@@ -231,6 +233,7 @@ RATE_FIELDS: dict[str, RateField] = {
         1,
         1000,
         first_zero=True,
+        attr="ullVal",
     ),
     # DCGM used the 20 ms nvmlDeviceGetPcieThroughput (KB/s); the byte counters give the same unit free
     "DCGM_FI_DEV_PCIE_TX_THROUGHPUT": RateField((("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", 0),), 1, 1024),
@@ -361,7 +364,7 @@ def convert_field_values(
         i += len(rate.counters)
         if any(p.nvmlReturn != 0 for p in parts):
             continue
-        total = float(sum(getattr(p.value, _FV_ATTR[p.valueType]) for p in parts))
+        total = float(sum(getattr(p.value, rate.attr or _FV_ATTR[p.valueType]) for p in parts))
         stamp = max(int(p.timestamp) for p in parts) or now_us
         prev = rate_prev.get(name)
         rate_prev[name] = (total, stamp)
