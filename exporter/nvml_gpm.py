@@ -3,8 +3,10 @@
 Per entity (a GPU, or one MIG GPU instance of it) two sample buffers are allocated once and swapped;
 ``nvmlGpmMetricsGet`` runs between the previous and the new sample for the requested metrics only.
 A new sample is taken only when the previous one is at least ``min_age_s`` old (about one collection
-interval, as DCGM's GPM watches do), so a ratio never comes from two samples milliseconds apart
-(start-up right after the probe, an XID wake-up); in between, the last ratios are served again.
+interval: DCGM's ``DcgmGpmManagerEntity::MaybeFetchNewSample`` fetches only when the latest sample is
+one update interval old, and pairs it with a baseline at least that much older), so a ratio never
+comes from two samples milliseconds apart (start-up right after the probe, an XID wake-up); in
+between, the last ratios are served again.
 
 Refused sampling (NVML_ERROR_NO_PERMISSION: the driver restricts profiling to admin users) is said
 once at WARNING, with the fix, and each PROF field is reported unavailable with that reason.
