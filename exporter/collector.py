@@ -1,9 +1,21 @@
 """Background collection: read every GPU once per interval, render once, swap the cached bytes.
 
 Scrapes never touch the backend: they read ``Collector.exposition`` (an immutable snapshot replaced
-by one attribute assignment). A GPU that raises is marked down (``gpu_exporter_device_up 0``), its
-series disappear, the others go on, and it is retried every cycle. Pod attribution is fetched here,
-off the scrape path.
+by one attribute assignment). Each GPU is read on its own short-lived daemon thread, all joined
+against one deadline (``read_timeout_s``): a GPU whose read is past it is down with reason
+"timeout", and its still-running read is not started again until it returns, so one hung NVML call
+never stalls the other GPUs. A GPU that raises, or that the backend lists with a ``problem`` at
+start, is down (``gpu_exporter_device_up 0``), its series disappear, the others go on, and it is
+retried every cycle (probed for its fields once it answers). Pod attribution is read here, off the
+scrape path.
+
+MIG: a GPU in MIG mode is published per GPU instance only (as dcgm-exporter does); every GPU-wide
+field (clocks, temperatures, power, energy, PCIe, remapped rows, XID, ...) is repeated on each
+instance's series, while FB and PROF fields are the instance's own. The layout is re-read from the
+backend every cycle.
+
+Health: ``health()`` is liveness (False only when no cycle completed for 3 intervals); ``readiness()``
+is False also when no GPU is up. Both name each down GPU and why.
 """
 
 from __future__ import annotations
@@ -13,19 +25,36 @@ import platform
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 
-from exporter.backend import DeviceInfo, Entity, GpuBackend, GpuLostError, MigInstance
-from exporter.render import PodLabels, Row, SeriesSpec, entity_labels, render_series, with_pod
-from exporter.selfmetrics import BuildInfo, DeviceStat, SelfState, render_self_metrics
-from exporter.xid import XidState
+from exporter.backend import DeviceInfo, Entity, GpuBackend, GpuLostError, MigInstance, Value, per_instance
+from exporter.exposition import EMPTY, STALE_INTERVALS, DownGpu, Exposition, liveness_of, readiness_of
+from exporter.gpu_reader import GpuReader
+from exporter.render import (
+    PodLabels,
+    Row,
+    SeriesSpec,
+    entity_labels,
+    escape_label_value,
+    render_series,
+    with_pod,
+)
+from exporter.selfmetrics import BuildInfo, DeviceStat, SelfState, Unavailable, render_self_metrics
+from exporter.xid import XidState, xid_message
+
+__all__ = [
+    "DRIVER_VERSION", "EMPTY", "STALE_INTERVALS", "XID_ERRORS", "Collector", "DownGpu", "Exposition",
+    "label_values", "liveness_of", "readiness_of", "xid_labels",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
 DRIVER_VERSION = "DCGM_FI_DRIVER_VERSION"
 XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"
-STALE_INTERVALS = 3
+# What the pod source returns per GPU or MIG UUID: the pods holding it (time-slicing: several).
+# A bare PodLabels (the pre-issue-7 shape) is taken as a one-pod sequence.
+PodMap = Mapping[str, Sequence[PodLabels] | PodLabels]
 
 # CSV ``label`` rows this exporter can fill: field -> value from (device, driver version)
 LABEL_SOURCES: dict[str, Callable[[DeviceInfo, str], str]] = {
@@ -52,34 +81,14 @@ def label_values(backend: object, d: DeviceInfo, driver: str, names: Sequence[st
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class Exposition:
-    """What every scrape serves until the next cycle replaces it."""
-
-    text: bytes
-    openmetrics: bytes
-    collected_at: float | None  # clock() when the cycle finished; None before the first
-    devices_up: int
-    devices_total: int
-    problem: str  # "" when every GPU answered
-
-
-EMPTY = Exposition(b"", b"# EOF\n", None, 0, 0, "no collection yet")
-
-
-def health_of(exp: Exposition, now: float, interval_s: float) -> tuple[bool, str]:
-    """(healthy, reason): the backend answered and the last collection is younger than 3 intervals."""
-    if exp.collected_at is None:
-        return False, "no collection has finished yet"
-    age = now - exp.collected_at
-    if age >= STALE_INTERVALS * interval_s:
-        return False, (
-            f"last collection finished {age:.1f}s ago, "
-            f"more than {STALE_INTERVALS} intervals of {interval_s:g}s"
-        )
-    if exp.devices_total > 0 and exp.devices_up == 0:
-        return False, f"no GPU answered in the last collection: {exp.problem}"
-    return True, "OK"
+def xid_labels(prefix: str, pod: PodLabels | None, code: int) -> str:
+    """The XID row's labels: dcgm-exporter 4.8.2 adds ``err_code`` and ``err_msg`` attributes,
+    rendered with the pod attributes in sorted key order (container, err_code, err_msg, namespace,
+    pod), as its Go template ranges over the attribute map."""
+    attrs = {"err_code": str(code), "err_msg": xid_message(code)}
+    if pod is not None:
+        attrs.update(container=pod.container, namespace=pod.namespace, pod=pod.pod)
+    return prefix + "".join(f',{k}="{escape_label_value(v)}"' for k, v in sorted(attrs.items())) + "}"
 
 
 def package_version() -> str:
@@ -90,16 +99,31 @@ def package_version() -> str:
 
 
 @dataclass(slots=True)
-class _Gpu:
-    """Per-GPU state; the label prefixes are built once at start."""
+class _Result:
+    data: Mapping[Entity, Mapping[str, Value]] | None = None
+    error: BaseException | None = None
+    fields: frozenset[str] | None = None  # newly probed fields (a GPU that was down at start)
+    duration_s: float = 0.0
 
+
+@dataclass(slots=True)
+class _Gpu:
+    """Per-GPU state; the label prefixes are built once (again when the device info changes)."""
+
+    index: int
     device: DeviceInfo
     fields: frozenset[str]
-    entities: tuple[tuple[Entity, str, str], ...]  # (entity, static label prefix, pod key: GPU or MIG UUID)
+    # (entity, static label prefix, pod keys: the GPU UUID or the GPU instance's MIG UUIDs)
+    entities: tuple[tuple[Entity, str, tuple[str, ...]], ...]
+    probed: bool = True
     up: bool = True
     errors: int = 0
     duration_s: float | None = None
     problem: str = ""
+    reader: GpuReader | None = None
+    result: _Result = field(default_factory=_Result)
+    unavailable: dict[str, str] = field(default_factory=dict)
+    relabel: bool = False  # rebuild the label prefixes from the backend's device info
 
 
 class Collector:
@@ -109,7 +133,7 @@ class Collector:
         counters: Sequence[SeriesSpec],
         hostname: str | None,
         interval_s: float,
-        pods: Callable[[], Mapping[str, PodLabels]] | None = None,
+        pods: Callable[[], PodMap] | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -118,71 +142,103 @@ class Collector:
         kubelet_errors: Callable[[], int] | None = None,
         backend_name: str = "unknown",
         supported: Mapping[int, set[str]] | None = None,
+        read_timeout_s: float | None = None,
     ) -> None:
-        """``supported``: per-GPU supported fields when the caller already probed them."""
+        """``supported``: per-GPU supported fields when the caller already probed them.
+        ``read_timeout_s``: how long one cycle waits for a GPU's read (default: the interval, at
+        least 1 s)."""
         self._backend = backend
         self._interval_s = interval_s
+        self._read_timeout_s = read_timeout_s if read_timeout_s is not None else max(interval_s, 1.0)
         self._pods = pods
         self._clock = clock
         self._wall_clock = wall_clock
+        self._hostname = hostname
         self.xids = xids if xids is not None else XidState()
         self._integer_fields = integer_fields
         self._kubelet_errors_fn = kubelet_errors
         self._kubelet_errors = 0
         self._build = BuildInfo(package_version(), platform.python_version(), backend_name)
         self._specs = [s for s in counters if s.kind != "label"]
-        label_specs = [s for s in counters if s.kind == "label"]
-        driver = backend.driver_version()
-        label_names = [s.field for s in label_specs]
-        wanted = {s.field for s in self._specs} - {XID_ERRORS}
-        self._gpus = []
+        self._label_names = [s.field for s in counters if s.kind == "label"]
+        self._driver = backend.driver_version()
+        self._wanted = frozenset(s.field for s in self._specs)
+        set_interval = getattr(backend, "set_interval", None)
+        if callable(set_interval):
+            set_interval(interval_s)
+        self._gpus: list[_Gpu] = []
         missing: set[str] = set()
         for d in backend.devices():
-            probed = supported.get(d.index) if supported is not None else None
-            if probed is None:
-                probed = backend.supported_fields(d.index, sorted(wanted))
-            labels = label_values(backend, d, driver, label_names)
-            missing.update(set(label_names) - set(labels))
-            self._gpus.append(self._static(d, frozenset(probed) & wanted, hostname, labels))
+            if d.problem:
+                g = _Gpu(d.index, d, frozenset(), (), probed=False, up=False, problem=d.problem)
+                g.entities = self._entities(d, {})
+                log.warning("GPU %d (%s) is down at start: %s", d.index, d.uuid or "no UUID", d.problem,
+                            extra={"gpu": d.index, "uuid": d.uuid, "reason": d.problem})
+            else:
+                probed = supported.get(d.index) if supported is not None else None
+                if probed is None:
+                    probed = backend.supported_fields(d.index, sorted(self._wanted))
+                labels = label_values(backend, d, self._driver, self._label_names)
+                missing.update(set(self._label_names) - set(labels))
+                g = _Gpu(d.index, d, frozenset(probed) & self._wanted, self._entities(d, labels))
+                g.unavailable = self._unavailable(d.index)
+            self._gpus.append(g)
         for name in sorted(missing):
             log.warning("label field %s has no value on some GPUs; the label is omitted there", name)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._started_at = clock()
         self.exposition = EMPTY
 
-    @staticmethod
-    def _static(d: DeviceInfo, fields: frozenset[str], hostname: str | None, lf: Mapping[str, str]) -> _Gpu:
-        units: list[tuple[Entity, str, str]] = []
+    def _entities(
+        self, d: DeviceInfo, lf: Mapping[str, str]
+    ) -> tuple[tuple[Entity, str, tuple[str, ...]], ...]:
+        units: list[tuple[Entity, str, tuple[str, ...]]] = []
         by_id: list[MigInstance] = sorted(d.mig, key=lambda m: m.gpu_instance_id)
         migs: list[MigInstance | None] = list(by_id) if by_id else [None]
         for mig in migs:
             entity = Entity(d.index, None if mig is None else mig.gpu_instance_id)
-            units.append((entity, entity_labels(d, mig, hostname, lf), d.uuid if mig is None else mig.uuid))
-        return _Gpu(d, fields, tuple(units))
+            keys = (d.uuid,) if mig is None else mig.all_uuids()
+            units.append((entity, entity_labels(d, mig, self._hostname, lf), keys))
+        return tuple(units)
+
+    def _unavailable(self, gpu: int) -> dict[str, str]:
+        """The backend's refused fields (among those it was asked about: rows the caller may have
+        dropped with "Skipping line" before building this collector are still listed)."""
+        fn = getattr(self._backend, "unavailable", None)
+        return dict(fn(gpu)) if callable(fn) else {}
 
     @property
     def interval_s(self) -> float:
         return self._interval_s
 
     def health(self) -> tuple[bool, str]:
-        return health_of(self.exposition, self._clock(), self._interval_s)
+        """Liveness: (False, why) only when the collection loop is stale; down GPUs are named."""
+        return liveness_of(self.exposition, self._clock(), self._interval_s, self._started_at)
+
+    def readiness(self) -> tuple[bool, str]:
+        """Readiness: also False when no selected GPU is up; down GPUs are named."""
+        return readiness_of(self.exposition, self._clock(), self._interval_s)
 
     # -- one cycle -------------------------------------------------------------------------------
 
     def collect_once(self) -> Exposition:
-        """Read every GPU, render both formats, swap the cached snapshot; returns it."""
+        """Read every GPU (in parallel, bounded by the read deadline), render both formats, swap
+        the cached snapshot; returns it."""
         with self._lock:
             pods = self._fetch_pods()
+            self._read_all()
+            self._refresh_devices()
             rows: list[Row] = []
             for g in self._gpus:
-                rows.extend(self._read_gpu(g, pods))
+                rows.extend(self._rows(g, pods))
             exp = self._render(rows)
             self.exposition = exp
             return exp
 
-    def _fetch_pods(self) -> Mapping[str, PodLabels]:
+    def _fetch_pods(self) -> PodMap:
         if self._pods is None:
             return {}
         try:
@@ -192,50 +248,121 @@ class Collector:
             log.warning("pod attribution failed, serving without pod labels: %s", exc)
             return {}
 
-    def _read_gpu(self, g: _Gpu, pods: Mapping[str, PodLabels]) -> list[Row]:
-        gpu = g.device.index
+    def _work(self, g: _Gpu) -> None:
+        """One GPU's read, on its own thread; a GPU seen for the first time is probed first."""
+        box = g.result
         t0 = time.perf_counter()
+        gpu = g.device.index
         try:
-            data = self._backend.read(gpu, g.fields)
+            fields = g.fields
+            data = self._backend.read(gpu, fields)
+            if not g.probed:
+                box.fields = frozenset(self._backend.supported_fields(gpu, sorted(self._wanted)))
+                data = self._backend.read(gpu, box.fields & self._wanted)
+            box.data = data
         except Exception as exc:
-            g.duration_s = time.perf_counter() - t0
-            g.errors += 1
-            g.problem = exc.reason if isinstance(exc, GpuLostError) else f"{type(exc).__name__}: {exc}"
-            if g.up:
-                log.warning("GPU %d (%s) stopped answering, dropping its series: %s", gpu, g.device.uuid,
-                            g.problem)
-            g.up = False
-            return []
-        g.duration_s = time.perf_counter() - t0
-        if not g.up:
-            log.warning("GPU %d (%s) answers again", gpu, g.device.uuid)
-        g.up, g.problem = True, ""
-        xid = self.xids.last(gpu)
-        rows = []
-        for entity, prefix, pod_key in g.entities:
-            values = data.get(entity)
-            if values is None:
+            box.error = exc
+        box.duration_s = time.perf_counter() - t0
+
+    def _read_all(self) -> None:
+        deadline = time.perf_counter() + self._read_timeout_s
+        for g in self._gpus:
+            if g.reader is None:
+                g.reader = GpuReader(f"read-gpu{g.index}", lambda g=g: self._work(g))  # type: ignore[misc]
+            if g.reader.busy():
+                continue  # a hung read: not started again until it returns
+            g.result = _Result()
+            g.reader.submit()
+        for g in self._gpus:
+            assert g.reader is not None
+            if not g.reader.wait(deadline - time.perf_counter()):
+                self._mark_down(g, f"timeout (read still running after {self._read_timeout_s:g}s)")
                 continue
-            values = {**values, XID_ERRORS: xid}
-            rows.append(Row(with_pod(prefix, pods.get(pod_key)), values))
+            res = g.result
+            g.duration_s = res.duration_s
+            if res.error is not None:
+                exc = res.error
+                self._mark_down(g, exc.reason if isinstance(exc, GpuLostError) else f"{type(exc).__name__}: {exc}")
+                continue
+            if res.fields is not None:
+                g.fields, g.probed = res.fields & self._wanted, True
+                g.unavailable = self._unavailable(g.index)
+                g.relabel = True
+            if not g.up:
+                log.warning("GPU %d (%s) answers again", g.device.index, g.device.uuid,
+                            extra={"gpu": g.device.index, "uuid": g.device.uuid})
+            g.up, g.problem = True, ""
+
+    def _mark_down(self, g: _Gpu, reason: str) -> None:
+        g.errors += 1
+        if g.up or reason != g.problem:
+            log.warning("GPU %d (%s) is down, dropping its series: %s", g.device.index,
+                        g.device.uuid or "no UUID", reason,
+                        extra={"gpu": g.device.index, "uuid": g.device.uuid, "reason": reason})
+        g.up, g.problem = False, reason
+
+    def _refresh_devices(self) -> None:
+        """Rebuild label prefixes of GPUs whose device info changed (MIG layout, a GPU that came
+        back after failing at start)."""
+        if not any(g.up for g in self._gpus):
+            return
+        by_index = {d.index: d for d in self._backend.devices()}
+        for g in self._gpus:
+            d = by_index.get(g.index)
+            if d is None or not g.up or d.problem or (d == g.device and not g.relabel):
+                continue
+            if d.mig != g.device.mig:
+                log.info("GPU %d: MIG layout now %s", g.index, ", ".join(m.profile for m in d.mig) or "off")
+            labels = label_values(self._backend, d, self._driver, self._label_names)
+            g.device, g.entities, g.relabel = d, self._entities(d, labels), False
+
+    def _rows(self, g: _Gpu, pods: PodMap) -> list[Row]:
+        if not g.up:
+            return []
+        data = g.result.data or {}
+        gpu = g.device.index
+        mig = bool(g.device.mig)
+        wide = {k: v for k, v in data.get(Entity(gpu), {}).items() if not (mig and per_instance(k))}
+        with_xid = XID_ERRORS in g.fields
+        rows: list[Row] = []
+        for entity, prefix, keys in g.entities:
+            own = data.get(entity)
+            if own is None:
+                continue
+            values = {**wide, **own} if mig else dict(own)
+            values.pop(XID_ERRORS, None)
+            holders: list[PodLabels | None] = list(_holders(pods, keys)) or [None]
+            xid = self.xids.last(gpu, entity.gpu_instance_id) if with_xid else None
+            for pod in holders:
+                rows.append(Row(with_pod(prefix, pod), values))
+                if xid is not None:
+                    rows.append(Row(xid_labels(prefix, pod, xid), {XID_ERRORS: xid}))
         return rows
 
     def _self_state(self) -> SelfState:
         xid_counts = {}
-        uuid = {g.device.index: g.device.uuid for g in self._gpus}
+        known = {g.device.index: g.device for g in self._gpus}
         for (gpu, code), n in self.xids.counts().items():
-            xid_counts[(gpu, uuid.get(gpu, ""), code)] = n
+            d = known.get(gpu)
+            xid_counts[(gpu, d.uuid if d else "", d.pci_bus_id if d else "", code)] = n
         kubelet: int | None = None
         if self._pods is not None:
             kubelet = self._kubelet_errors + (self._kubelet_errors_fn() if self._kubelet_errors_fn else 0)
         return SelfState(
             devices=[
-                DeviceStat(g.device.index, g.device.uuid, g.up, g.duration_s, g.errors) for g in self._gpus
+                DeviceStat(g.device.index, g.device.uuid, g.up, g.duration_s, g.errors, g.device.pci_bus_id)
+                for g in self._gpus
             ],
             build=self._build,
             last_collection_ts=self._wall_clock(),
             kubelet_errors=kubelet,
             xid_counts=xid_counts,
+            hostname=self._hostname,
+            unavailable=[
+                Unavailable(g.device.index, g.device.uuid, g.device.pci_bus_id, f, r)
+                for g in self._gpus
+                for f, r in sorted(g.unavailable.items())
+            ],
         )
 
     def _render(self, rows: Sequence[Row]) -> Exposition:
@@ -246,14 +373,15 @@ class Collector:
             + render_self_metrics(state, openmetrics=True)
             + "# EOF\n"
         )
-        down = [f"GPU {g.device.index}: {g.problem}" for g in self._gpus if not g.up]
+        down = tuple(DownGpu(g.device.index, g.device.uuid, g.problem) for g in self._gpus if not g.up)
         return Exposition(
             text=text.encode(),
             openmetrics=om.encode(),
             collected_at=self._clock(),
             devices_up=len(self._gpus) - len(down),
             devices_total=len(self._gpus),
-            problem="; ".join(down),
+            problem="; ".join(d.describe() for d in down),
+            down=down,
         )
 
     # -- background thread -----------------------------------------------------------------------
@@ -274,6 +402,11 @@ class Collector:
         if self._thread is not None:
             self._thread.join(timeout=10.0)
             self._thread = None
+        with self._lock:
+            for g in self._gpus:
+                if g.reader is not None:
+                    g.reader.close()
+                    g.reader = None
 
     def _run(self) -> None:
         next_t = time.monotonic()
@@ -289,3 +422,17 @@ class Collector:
                     next_t = now + self._interval_s
             self._wake.wait(max(0.0, next_t - now))  # an early wake keeps the tick schedule
             self._wake.clear()
+
+
+def _holders(pods: PodMap, keys: Sequence[str]) -> list[PodLabels]:
+    """The pods holding any of ``keys`` (a GPU UUID, or a GPU instance's MIG UUIDs), each once."""
+    out: list[PodLabels] = []
+    for key in keys:
+        held = pods.get(key)
+        if not held:
+            continue
+        group: Sequence[PodLabels] = (held,) if hasattr(held, "pod") else held  # type: ignore[assignment]
+        for pod in group:
+            if pod not in out:
+                out.append(pod)
+    return out

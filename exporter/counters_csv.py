@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 
 from exporter.fields import FIELDS, KINDS
@@ -26,6 +26,7 @@ class CounterSpec:
     kind: str  # gauge | counter | label (the CSV's choice, which may differ from the field's usual kind)
     help: str
     line: int  # 1-based line in the source file
+    builtin: bool = False  # from the built-in default set, not a user's file
 
 
 class CountersError(ValueError):
@@ -83,7 +84,7 @@ def load_counters(path: str | None) -> list[CounterSpec]:
 
     A file that cannot be read raises ``CountersError`` (line 0) with the OS reason."""
     if path is None:
-        return parse_counters(default_text(), "<default>")
+        return [replace(s, builtin=True) for s in parse_counters(default_text(), "<default>")]
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
@@ -97,11 +98,20 @@ def filter_supported(
 ) -> list[CounterSpec]:
     """Drop rows the GPUs cannot report, warning once per row like dcgm-exporter does.
 
-    Label rows always pass (they become labels; a missing value renders as an empty label)."""
+    Rows of the built-in default set that this node cannot report (e.g. NVLink bandwidth on a PCIe
+    GPU) are dropped with one INFO line instead: they are ours, not the user's, and would warn at
+    every start. PROF rows keep dcgm-exporter's "Skipping line" warning everywhere (profiling
+    refused or absent is worth saying). Label rows always pass (they become labels; a missing value
+    renders as an empty label)."""
     kept: list[CounterSpec] = []
+    quiet: list[str] = []
     for spec in specs:
         if spec.kind == "label" or spec.field in supported:
             kept.append(spec)
+        elif spec.builtin and not spec.field.startswith("DCGM_FI_PROF_"):
+            quiet.append(spec.field)
         else:
             log.warning("Skipping line %d ('%s'): metric not enabled", spec.line, spec.field)
+    if quiet:
+        log.info("default counters not available on this node, not exported: %s", ", ".join(quiet))
     return kept

@@ -3,24 +3,28 @@
 Cost model (measured on an H200, see ``exporter/data/h200.json``): most getters cost 1-10 us, a
 naive pass of 14 getters 46 ms, a well-chosen pass 0.18 ms. So this backend:
 
-- reads static facts once (name, UUID, PCI bus id, minor, MIG layout, driver version, max clocks,
-  temperature thresholds, label strings);
+- reads static facts once (name, UUID, PCI bus id, minor, driver version, max clocks, temperature
+  thresholds, label strings); the MIG layout is re-read every pass (one ``nvmlDeviceGetMigMode``,
+  plus the MIG device enumeration on a GPU in MIG mode: a few us), so a reconfigured GPU needs no
+  restart;
 - probes once per GPU which fields answer (``supported_fields``) and never asks again for the rest;
-- per pass calls one getter per group of requested fields (utilization rates give two fields, the
-  v2 memory info four), and ONE batched ``nvmlDeviceGetFieldValues`` for every requested field-value
-  field (memory temperature, total energy, PCIe replays, remapped rows, ECC, violations, ...);
-- computes PROF_* from NVML GPM: one new ``nvmlGpmSampleGet`` per pass into a sample allocated once,
-  ``nvmlGpmMetricsGet`` between the previous and the new sample for the requested metrics only;
-- never calls ``nvmlDeviceGetPcieThroughput`` (it samples for 20 ms); PCIe bytes come from GPM and
-  DCGM_FI_DEV_PCIE_{TX,RX}_THROUGHPUT from the PCIe byte counters, differenced.
+- per pass calls one getter per group of requested fields and ONE batched
+  ``nvmlDeviceGetFieldValues`` for every requested field-value field;
+- computes PROF_* from NVML GPM (:mod:`exporter.nvml_gpm`), a new sample only when the previous is
+  about one collection interval old, as DCGM does;
+- never calls ``nvmlDeviceGetPcieThroughput`` (it samples for 20 ms).
 
 Entities: a GPU without MIG returns one ``Entity(gpu)``. With MIG on, ``Entity(gpu)`` keeps what NVML
-reports GPU-wide (clocks, temperatures, power, energy, PCIe, remapping, the GPU-level FB and GPM
-when the driver answers) and each ``Entity(gpu, gi_id)`` gets its FB (memory info of the MIG
-handle) and GPM ratios (``nvmlGpmMigSampleGet``). The renderer decides what to publish where.
+reports GPU-wide and each ``Entity(gpu, gi_id)`` (one per GPU instance, whatever its number of
+compute instances) its FB and GPM ratios; the collector puts the GPU-wide fields on every instance.
 
-Errors: NVML_ERROR_GPU_IS_LOST, or NVML_ERROR_UNKNOWN from every call of a pass, raise
-``GpuLostError`` for that GPU; any other error leaves that field absent for the pass.
+Faults stay on their GPU: a GPU whose handle or first calls fail at start is listed with
+``DeviceInfo.problem`` (down) and re-opened by UUID (else index) on later reads. Mid-run,
+RESET_REQUIRED, GPU_IS_LOST, UNINITIALIZED, DRIVER_NOT_LOADED and LIB_RM_VERSION_MISMATCH, or
+UNKNOWN from every call of a pass, raise ``GpuLostError`` for that GPU and drop its handle; the last
+three also re-initialise NVML once (shutdown + init) on the next read, after which every GPU
+re-acquires its handle: a driver reload needs no restart. Only "NVML cannot start or list GPUs" is
+a ``BackendError``. Any other error leaves that field absent for the pass.
 
 The field tables, the pass plan and the value conversions are in :mod:`exporter.nvml_fields`.
 """
@@ -28,19 +32,18 @@ The field tables, the pass plan and the value conversions are in :mod:`exporter.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from exporter.backend import BackendError, DeviceInfo, Entity, GpuLostError, MigInstance, Value
+from exporter.backend import BackendError, DeviceInfo, Entity, GpuLostError, MigInstance, Value, XidEvent
+from exporter.nvml_devices import DOWN_ERRORS, REINIT_ERRORS, device_info, error_name, init_message, mig_layout
 from exporter.nvml_fields import (
     FIELD_VALUES,
     GETTERS,
     GPM_FIELDS,
-    GPM_NEEDS_NVLINK,
     GROUP_FIELDS,
     LABELS,
     MIB,
@@ -56,13 +59,13 @@ from exporter.nvml_fields import (
     as_str,
     convert_field_values,
     device_labels,
-    gpm_value,
-    init_message,
     make_plan,
     memory_v1,
     memory_v2,
     probe_plan,
 )
+from exporter.nvml_gpm import GpmSampler
+from exporter.nvml_xid import XidEvents
 
 __all__ = [
     "FIELD_VALUES", "GETTERS", "GPM_FIELDS", "GROUP_FIELDS", "LABELS", "MIB", "RATE_FIELDS", "STATIC", "UINT_MAX",
@@ -72,27 +75,21 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class _Gpm:
-    """Two GPM sample buffers allocated once, swapped every pass, and a reusable metrics request."""
-
-    prev: Any
-    cur: Any
-    request: Any
-    have_prev: bool = False
-
 
 @dataclass(slots=True)
 class _Gpu:
-    handle: Any
+    handle: Any | None  # None: not open (failed at start, or dropped after a GPU-wide error)
     info: DeviceInfo
     mig_handles: dict[int, Any]
+    gen: int = 0  # NVML initialisation the handle belongs to
     supported: frozenset[str] | None = None
     static: dict[str, Value] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
-    gpm: dict[int | None, _Gpm] = field(default_factory=dict)
     rate_prev: dict[str, tuple[float, int]] = field(default_factory=dict)
     plans: dict[frozenset[str], Plan] = field(default_factory=dict)
+    unavailable: dict[str, str] = field(default_factory=dict)  # field -> why (NO_PERMISSION)
+    asked: set[str] = field(default_factory=set)  # every field supported_fields was asked about
+    xid_watched: bool = False
 
 
 @dataclass(slots=True)
@@ -102,9 +99,16 @@ class _PassStats:
 
 
 class NvmlBackend:
-    """GpuBackend over NVML. ``nvml`` is the pynvml module (tests pass a fake)."""
+    """GpuBackend over NVML. ``nvml`` is the pynvml module (tests pass a fake); ``clock`` (seconds)
+    paces GPM samples; ``wall_clock`` (unix seconds) stands in for a zero NVML field timestamp."""
 
-    def __init__(self, nvml: Any | None = None) -> None:
+    def __init__(
+        self,
+        nvml: Any | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         if nvml is None:
             try:
                 import pynvml as nvml_module
@@ -123,86 +127,133 @@ class NvmlBackend:
         self.last_pass_us: dict[int, float] = {}
         self._stop = threading.Event()
         self._closed = False
+        self._gen = 0
+        self._need_reinit = False
+        self._reinit_lock = threading.Lock()
+        self._gpm = GpmSampler(nvml, clock)
+        self._wall_clock = wall_clock
         try:
             self._driver = as_str(nvml.nvmlSystemGetDriverVersion())
             self._nvml_version = as_str(nvml.nvmlSystemGetNVMLVersion())
-            self._gpus = [self._open(i) for i in range(int(nvml.nvmlDeviceGetCount()))]
+            count = int(nvml.nvmlDeviceGetCount())
         except self._error as exc:
             nvml.nvmlShutdown()
             raise BackendError(f"NVML started but listing the GPUs failed: {exc}") from exc
-        self._events = self._open_events()
+        self._gpus = [self._open(i) for i in range(count)]
+        self._xid = XidEvents(nvml, self._stop)
+        for g in self._gpus:
+            self._watch_xid(g)
 
-    # --- start-up ----------------------------------------------------------------------------------
+    # --- start-up and recovery -----------------------------------------------------------------
+
+    def _why(self, exc: BaseException) -> str:
+        name = error_name(self._nvml, exc)
+        return "GPU_IS_LOST (fallen off the bus?)" if name == "GPU_IS_LOST" else name
 
     def _open(self, index: int) -> _Gpu:
-        n = self._nvml
-        h = n.nvmlDeviceGetHandleByIndex(index)
-        mig, handles = self._mig_layout(h)
-        info = DeviceInfo(
-            index=index,
-            uuid=as_str(n.nvmlDeviceGetUUID(h)),
-            pci_bus_id=as_str(n.nvmlDeviceGetPciInfo(h).busId),
-            name=as_str(n.nvmlDeviceGetName(h)),
-            minor=int(n.nvmlDeviceGetMinorNumber(h)),
-            mig=mig,
-        )
-        return _Gpu(h, info, handles)
-
-    def _mig_layout(self, h: Any) -> tuple[tuple[MigInstance, ...], dict[int, Any]]:
+        """A GPU's handle and facts; a GPU NVML cannot open is kept, down, with the reason."""
         n = self._nvml
         try:
-            current, _pending = n.nvmlDeviceGetMigMode(h)
-        except self._error:
-            return (), {}
-        if current != 1:
-            return (), {}
-        instances: list[MigInstance] = []
-        handles: dict[int, Any] = {}
-        for slot in range(int(n.nvmlDeviceGetMaxMigDeviceCount(h))):
-            try:
-                mh = n.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
-            except self._error:
-                continue  # empty slot
-            gi = int(n.nvmlDeviceGetGpuInstanceId(mh))
-            mem_gb = math.ceil(n.nvmlDeviceGetMemoryInfo(mh).total / MIB / 1024)
-            slices = int(n.nvmlDeviceGetAttributes(mh).gpuInstanceSliceCount)
-            instances.append(MigInstance(gi, f"{slices}g.{mem_gb}gb", as_str(n.nvmlDeviceGetUUID(mh))))
-            handles[gi] = mh
-        instances.sort(key=lambda m: m.gpu_instance_id)
-        return tuple(instances), dict(sorted(handles.items()))
-
-    def _open_events(self) -> Any | None:
-        n = self._nvml
-        try:
-            events = n.nvmlEventSetCreate()
+            h = n.nvmlDeviceGetHandleByIndex(index)
         except self._error as exc:
-            log.warning("XID events unavailable: nvmlEventSetCreate failed: %s", exc)
-            return None
-        registered = 0
-        for g in self._gpus:
-            try:
-                if n.nvmlDeviceGetSupportedEventTypes(g.handle) & n.nvmlEventTypeXidCriticalError:
-                    n.nvmlDeviceRegisterEvents(g.handle, n.nvmlEventTypeXidCriticalError, events)
-                    registered += 1
-            except self._error as exc:
-                log.warning("GPU %d: cannot watch XID events: %s", g.info.index, exc)
-        return events if registered else None
+            reason = self._why(exc)
+            log.warning("GPU %d cannot be opened, reporting it down: %s", index, reason,
+                        extra={"gpu": index, "reason": reason})
+            return _Gpu(None, DeviceInfo(index, "", "", "", -1, problem=reason), {})
+        try:
+            info, handles = self._info(index, h)
+        except self._error as exc:
+            reason = self._why(exc)
+            uuid = self._uuid_or_empty(h)
+            log.warning("GPU %d (%s) fails at start, reporting it down: %s", index, uuid or "no UUID", reason,
+                        extra={"gpu": index, "uuid": uuid, "reason": reason})
+            return _Gpu(None, DeviceInfo(index, uuid, "", "", -1, problem=reason), {})
+        return _Gpu(h, info, handles, gen=self._gen)
 
-    # --- probing -----------------------------------------------------------------------------------
+    def _uuid_or_empty(self, h: Any) -> str:
+        try:
+            return as_str(self._nvml.nvmlDeviceGetUUID(h))
+        except self._error:
+            return ""
+
+    def _info(self, index: int, h: Any) -> tuple[DeviceInfo, dict[int, Any]]:
+        return device_info(self._nvml, index, h)
+
+    def _mig_layout(self, h: Any, previous: tuple[MigInstance, ...]) -> tuple[tuple[MigInstance, ...], dict[int, Any]]:
+        return mig_layout(self._nvml, h, previous)
+
+    def _watch_xid(self, g: _Gpu) -> None:
+        if g.handle is not None and not g.xid_watched:
+            g.xid_watched = self._xid.watch(g.info.index, g.handle)
+
+    def _reinit(self, gpu: int) -> None:
+        """NVML again after the driver went away (reload, upgrade): shutdown + init, once for all
+        GPUs; every handle is re-acquired on its GPU's next read."""
+        n = self._nvml
+        with self._reinit_lock:
+            if not self._need_reinit:
+                return
+            try:
+                n.nvmlShutdown()
+            except self._error as exc:
+                log.debug("nvmlShutdown before re-initialising: %s", exc)
+            try:
+                n.nvmlInit()
+            except self._error as exc:
+                raise GpuLostError(gpu, f"{self._why(exc)} (NVML re-initialisation failed)") from exc
+            self._gen += 1
+            self._need_reinit = False
+            self._xid.renew()
+            for g in self._gpus:
+                g.xid_watched = False
+            log.warning("NVML re-initialised after a driver error; GPUs are re-acquired by UUID")
+
+    def _recover(self, gpu: int, g: _Gpu) -> None:
+        """Re-open a GPU that is not open (or whose handle predates a re-initialisation)."""
+        if self._need_reinit:
+            self._reinit(gpu)
+        if g.handle is not None and g.gen == self._gen:
+            return
+        n = self._nvml
+        try:
+            h = n.nvmlDeviceGetHandleByUUID(g.info.uuid) if g.info.uuid else n.nvmlDeviceGetHandleByIndex(gpu)
+            info, handles = self._info(gpu, h)
+        except self._error as exc:
+            self._note(exc)
+            raise GpuLostError(gpu, self._why(exc)) from exc
+        if g.info.problem:  # never probed: probe now
+            g.supported = None
+            log.warning("GPU %d (%s) answers now", gpu, info.uuid, extra={"gpu": gpu, "uuid": info.uuid})
+        g.handle, g.info, g.mig_handles, g.gen = h, info, handles, self._gen
+        g.rate_prev.clear()
+        self._gpm.forget(gpu)
+        self._watch_xid(g)
+
+    def _note(self, exc: BaseException) -> None:
+        if error_name(self._nvml, exc) in REINIT_ERRORS:
+            self._need_reinit = True
+
+    # --- probing -------------------------------------------------------------------------------
 
     def _gpu(self, gpu: int) -> _Gpu:
         if not 0 <= gpu < len(self._gpus):
             raise ValueError(f"no GPU {gpu}: NVML lists {len(self._gpus)}")
         return self._gpus[gpu]
 
-    def _lost_check(self, gpu: int, exc: BaseException) -> None:
-        if getattr(exc, "value", None) == self._nvml.NVML_ERROR_GPU_IS_LOST:
-            raise GpuLostError(gpu, "NVML_ERROR_GPU_IS_LOST (fallen off the bus?)") from exc
-
     def _probe(self, gpu: int) -> frozenset[str]:
         g = self._gpu(gpu)
         if g.supported is not None:
             return g.supported
+        if g.handle is None:
+            raise GpuLostError(gpu, g.info.problem or "not open")
+        try:
+            return self._probe_open(gpu, g)
+        except GpuLostError:
+            g.labels.clear()
+            g.static.clear()
+            raise
+
+    def _probe_open(self, gpu: int, g: _Gpu) -> frozenset[str]:
         n, h, stats = self._nvml, g.handle, _PassStats()
         sup: set[str] = set()
         for getter in GETTERS.values():
@@ -229,48 +280,30 @@ class NvmlBackend:
                 self._failed(gpu, exc, stats)
         sup.update(g.labels)
         sup.update(self._probe_field_values(gpu, g, stats))
-        sup.update(self._probe_gpm(g))
         try:
-            if n.nvmlDeviceGetSupportedEventTypes(h) & n.nvmlEventTypeXidCriticalError:
-                sup.add("DCGM_FI_DEV_XID_ERRORS")
+            gpm, refused = self._gpm.probe(gpu, h)
+            sup.update(gpm)
+            g.unavailable.update(refused)
         except self._error as exc:
             self._failed(gpu, exc, stats)
+        if g.xid_watched:
+            sup.add("DCGM_FI_DEV_XID_ERRORS")
         if stats.ok == 0 and stats.unknown > 0:
-            g.labels.clear()
-            g.static.clear()
-            raise GpuLostError(gpu, "every NVML call failed with NVML_ERROR_UNKNOWN")
+            raise GpuLostError(gpu, "UNKNOWN (every NVML call failed)")
         g.supported = frozenset(sup)
         return g.supported
 
     def _probe_field_values(self, gpu: int, g: _Gpu, stats: _PassStats) -> set[str]:
-        n = self._nvml
-        plan = probe_plan(n, g.static)
+        plan = probe_plan(self._nvml, g.static)
         try:
-            results = n.nvmlDeviceGetFieldValues(g.handle, list(plan.request))
+            results = self._nvml.nvmlDeviceGetFieldValues(g.handle, list(plan.request))
             stats.ok += 1
         except self._error as exc:
             self._failed(gpu, exc, stats)
             return set()
         return answered(plan, results)
 
-    def _probe_gpm(self, g: _Gpu) -> set[str]:
-        n = self._nvml
-        try:
-            if not n.nvmlGpmQueryDeviceSupport(g.handle).isSupportedDevice:
-                return set()
-        except (self._error, AttributeError):
-            return set()
-        try:
-            has_nvlink = n.nvmlDeviceGetNvLinkState(g.handle, 0) == 1
-        except self._error:
-            has_nvlink = False
-        return {
-            f
-            for f, (metric, _) in GPM_FIELDS.items()
-            if hasattr(n, metric) and (has_nvlink or f not in GPM_NEEDS_NVLINK)
-        }
-
-    # --- GpuBackend ---------------------------------------------------------------------------------
+    # --- GpuBackend ----------------------------------------------------------------------------
 
     def driver_version(self) -> str:
         return self._driver
@@ -280,23 +313,58 @@ class NvmlBackend:
 
     def labels(self, gpu: int) -> dict[str, str]:
         """Static string fields (CSV ``label`` rows) for one GPU, keyed by DCGM field name."""
-        self._probe(gpu)
+        try:
+            self._probe(gpu)
+        except GpuLostError:
+            return {}
         return dict(self._gpus[gpu].labels)
 
+    def unavailable(self, gpu: int) -> dict[str, str]:
+        """Fields asked about (``supported_fields``) that this GPU could report but NVML refuses,
+        with why (``NO_PERMISSION`` for GPM)."""
+        g = self._gpu(gpu)
+        return {f: r for f, r in g.unavailable.items() if f in g.asked}
+
+    def set_interval(self, interval_s: float) -> None:
+        """The collection interval: GPM samples are taken about one interval apart."""
+        self._gpm.min_age_s = 0.9 * interval_s  # 10% slack for the tick's jitter
+
     def supported_fields(self, gpu: int, fields: Iterable[str]) -> set[str]:
-        supported = self._probe(gpu)
+        """What this GPU answers; a GPU down at start supports nothing yet (probed when it answers)."""
+        fields = list(fields)
+        self._gpu(gpu).asked.update(fields)
+        try:
+            supported = self._probe(gpu)
+        except GpuLostError as exc:
+            g = self._gpus[gpu]
+            if not g.info.problem:
+                g.info = replace(g.info, problem=exc.reason)
+            g.handle = None
+            return set()
         return {f for f in fields if f in supported}
 
     def read(self, gpu: int, fields: frozenset[str]) -> Mapping[Entity, Mapping[str, Value]]:
         started = time.perf_counter()
         g = self._gpu(gpu)
+        self._recover(gpu, g)
         supported = self._probe(gpu)
+        if g.info.problem:
+            g.info = replace(g.info, problem="")
+        n, h, stats = self._nvml, g.handle, _PassStats()
+        try:
+            mig, g.mig_handles = self._mig_layout(h, g.info.mig)
+        except self._error as exc:
+            self._failed(gpu, exc, stats)
+            mig = g.info.mig
+        if mig != g.info.mig:
+            log.info("GPU %d: MIG layout changed: %s", gpu, ", ".join(m.profile for m in mig) or "MIG off")
+            g.info = replace(g.info, mig=mig)
+            self._gpm.keep_instances(gpu, set(g.mig_handles))
         plan = g.plans.get(fields)
         if plan is None:
             if len(g.plans) > 32:
                 g.plans.clear()
-            plan = g.plans[fields] = make_plan(self._nvml, g.static, (fields & supported) - NOT_READ - g.labels.keys())
-        n, h, stats = self._nvml, g.handle, _PassStats()
+            plan = g.plans[fields] = make_plan(n, g.static, (fields & supported) - NOT_READ - g.labels.keys())
         values: dict[str, Value] = {}
         for group in plan.groups:
             try:
@@ -316,13 +384,18 @@ class NvmlBackend:
         for gi, mh in g.mig_handles.items():
             out[Entity(gpu, gi)] = self._read_instance(gpu, g, gi, mh, plan, stats)
         if stats.ok == 0 and stats.unknown > 0:
-            raise GpuLostError(gpu, "every NVML call of the pass failed with NVML_ERROR_UNKNOWN")
+            g.handle = None
+            raise GpuLostError(gpu, "UNKNOWN (every NVML call of the pass failed)")
         self.last_pass_us[gpu] = (time.perf_counter() - started) * 1e6
         return out
 
     def _failed(self, gpu: int, exc: BaseException, stats: _PassStats) -> None:
-        self._lost_check(gpu, exc)
-        if getattr(exc, "value", None) == self._nvml.NVML_ERROR_UNKNOWN:
+        name = error_name(self._nvml, exc)
+        if name in DOWN_ERRORS:
+            self._note(exc)
+            self._gpus[gpu].handle = None  # re-acquired (by UUID) on the next read
+            raise GpuLostError(gpu, self._why(exc)) from exc
+        if name == "UNKNOWN":
             stats.unknown += 1
         log.debug("GPU %d: NVML call failed: %s", gpu, exc)
 
@@ -336,46 +409,19 @@ class NvmlBackend:
             self._failed(gpu, exc, stats)
             return
         lost = self._nvml.NVML_ERROR_GPU_IS_LOST
-        values.update(convert_field_values(gpu, plan, results, lost, g.rate_prev))
+        now_us = int(self._wall_clock() * 1e6)
+        values.update(convert_field_values(gpu, plan, results, lost, g.rate_prev, now_us))
 
     def _gpm_pass(
         self, gpu: int, g: _Gpu, gi: int | None, names: tuple[str, ...], stats: _PassStats
     ) -> dict[str, Value]:
-        n = self._nvml
-        st = g.gpm.get(gi)
         try:
-            if st is None:
-                request = n.c_nvmlGpmMetricsGet_t()
-                request.version = n.NVML_GPM_METRICS_GET_VERSION
-                st = g.gpm[gi] = _Gpm(n.nvmlGpmSampleAlloc(), n.nvmlGpmSampleAlloc(), request)
-            if gi is None:
-                n.nvmlGpmSampleGet(g.handle, st.cur)
-            else:
-                n.nvmlGpmMigSampleGet(g.handle, gi, st.cur)
+            out = self._gpm.read(gpu, g.handle, gi, names)
             stats.ok += 1
+            return out
         except self._error as exc:
             self._failed(gpu, exc, stats)
             return {}
-        out: dict[str, Value] = {}
-        if st.have_prev:
-            req = st.request
-            req.numMetrics = len(names)
-            req.sample1, req.sample2 = st.prev, st.cur
-            for i, name in enumerate(names):
-                req.metrics[i].metricId = getattr(n, GPM_FIELDS[name][0])
-            try:
-                n.nvmlGpmMetricsGet(req)
-                stats.ok += 1
-            except self._error as exc:
-                self._failed(gpu, exc, stats)
-                names = ()
-            for i, name in enumerate(names):
-                m = req.metrics[i]
-                if m.nvmlReturn != 0 or math.isnan(m.value):
-                    continue
-                out[name] = gpm_value(name, m.value)
-        st.prev, st.cur, st.have_prev = st.cur, st.prev, True
-        return out
 
     def _read_instance(
         self, gpu: int, g: _Gpu, gi: int, mh: Any, plan: Plan, stats: _PassStats
@@ -395,32 +441,15 @@ class NvmlBackend:
             values.update(self._gpm_pass(gpu, g, gi, plan.mig_gpm, stats))
         return {k: v for k, v in values.items() if k in plan.wanted}
 
-    # --- XID -----------------------------------------------------------------------------------------
+    # --- XID -----------------------------------------------------------------------------------
 
-    def wait_xid(self, timeout_s: float) -> list[tuple[int, int]]:
-        """Block up to timeout_s for critical XID events. Keep timeout_s short (about 1 s): NVML's
-        wait cannot be interrupted, so ``close`` takes effect after the current wait."""
-        n = self._nvml
-        if self._events is None or self._closed:
-            self._stop.wait(max(timeout_s, 0.0))
+    def wait_xid(self, timeout_s: float) -> list[XidEvent]:
+        """Block up to timeout_s for critical XID events: (gpu, xid), or (gpu, xid, GPU instance id)
+        when NVML names a MIG GPU instance. Keep timeout_s short (about 1 s): NVML's wait cannot be
+        interrupted, so ``close`` takes effect after the current wait."""
+        if self._closed:
             return []
-        out: list[tuple[int, int]] = []
-        wait_ms = max(int(timeout_s * 1000), 0)
-        while len(out) < 64:
-            try:
-                data = n.nvmlEventSetWait_v2(self._events, wait_ms)
-            except self._error as exc:
-                if getattr(exc, "value", None) != n.NVML_ERROR_TIMEOUT:
-                    log.warning("waiting for XID events failed: %s", exc)
-                    self._stop.wait(min(max(timeout_s, 0.0), 1.0))
-                break
-            if data.eventType & n.nvmlEventTypeXidCriticalError:
-                try:
-                    out.append((int(n.nvmlDeviceGetIndex(data.device)), int(data.eventData)))
-                except self._error as exc:
-                    log.warning("XID %d on a device NVML cannot name: %s", data.eventData, exc)
-            wait_ms = 0  # drain what else is queued, without blocking
-        return out
+        return self._xid.wait(timeout_s)
 
     def close(self) -> None:
         if self._closed:
@@ -428,17 +457,9 @@ class NvmlBackend:
         self._closed = True
         self._stop.set()
         n = self._nvml
-        for g in self._gpus:
-            for st in g.gpm.values():
-                for sample in (st.prev, st.cur):
-                    try:
-                        n.nvmlGpmSampleFree(sample)
-                    except self._error as exc:
-                        log.debug("nvmlGpmSampleFree: %s", exc)
-            g.gpm.clear()
+        self._gpm.close()
         try:
-            if self._events is not None:
-                n.nvmlEventSetFree(self._events)
+            self._xid.close()
             n.nvmlShutdown()
         except self._error as exc:
             log.debug("NVML shutdown: %s", exc)

@@ -36,6 +36,17 @@ def memory_v2(nvml: Any, h: Any) -> dict[str, Value]:
     }
 
 
+def memory(nvml: Any, h: Any) -> dict[str, Value]:
+    """FB fields: the v2 call, else v1 where the driver predates R510 and lacks the
+    ``nvmlDeviceGetMemoryInfo_v2`` symbol (FUNCTION_NOT_FOUND), as DCGM falls back."""
+    try:
+        return memory_v2(nvml, h)
+    except nvml.NVMLError as exc:
+        if getattr(exc, "value", None) != nvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+            raise
+    return memory_v1(nvml.nvmlDeviceGetMemoryInfo(h))
+
+
 def _util(nvml: Any, h: Any) -> dict[str, Value]:
     u = nvml.nvmlDeviceGetUtilizationRates(h)
     return {"DCGM_FI_DEV_GPU_UTIL": int(u.gpu), "DCGM_FI_DEV_MEM_COPY_UTIL": int(u.memory)}
@@ -48,7 +59,7 @@ def _one(name: str, call: Callable[[Any, Any], Any], convert: Callable[[Any], Va
 # Per-pass getter groups: one NVML call each.
 GETTERS: dict[str, Getter] = {
     "util": _util,
-    "memory": memory_v2,
+    "memory": memory,
     "power": _one("DCGM_FI_DEV_POWER_USAGE", lambda n, h: n.nvmlDeviceGetPowerUsage(h), lambda v: v / 1000.0),
     "temp": _one("DCGM_FI_DEV_GPU_TEMP", lambda n, h: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
     "sm_clock": _one("DCGM_FI_DEV_SM_CLOCK", lambda n, h: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)),
@@ -119,8 +130,35 @@ LABELS: dict[str, Callable[[Any, Any], str]] = {
     "DCGM_FI_DEV_OEM_INFOROM_VER": lambda n, h: as_str(n.nvmlDeviceGetInforomVersion(h, n.NVML_INFOROM_OEM)),
     "DCGM_FI_DEV_ECC_INFOROM_VER": lambda n, h: as_str(n.nvmlDeviceGetInforomVersion(h, n.NVML_INFOROM_ECC)),
     "DCGM_FI_DEV_POWER_INFOROM_VER": lambda n, h: as_str(n.nvmlDeviceGetInforomVersion(h, n.NVML_INFOROM_POWER)),
-    "DCGM_FI_DEV_BRAND": lambda n, h: str(n.nvmlDeviceGetBrand(h)),
+    "DCGM_FI_DEV_BRAND": lambda n, h: brand_name(int(n.nvmlDeviceGetBrand(h))),
 }
+
+# nvmlBrandType_t (nvml.h) -> the brand string DCGM reports for DCGM_FI_DEV_BRAND
+# (DcgmCacheManager.cpp's switch, "string constants from nvsmi"; anything else is "Unknown")
+BRANDS: dict[int, str] = {
+    0: "Unknown",
+    1: "Quadro",
+    2: "Tesla",
+    3: "NVS",
+    4: "Grid",
+    5: "GeForce",
+    6: "Titan",
+    7: "NVIDIA Virtual Applications",
+    8: "NVIDIA Virtual PC",
+    9: "NVIDIA Virtual Compute Server",
+    10: "NVIDIA RTX Virtual Workstation",
+    11: "NVIDIA vGaming",  # NVML_BRAND_NVIDIA_VGAMING = NVML_BRAND_NVIDIA_CLOUD_GAMING
+    12: "Quadro RTX",
+    13: "NVIDIA RTX",
+    14: "NVIDIA",
+    15: "GeForce RTX",
+    16: "Titan RTX",
+}
+
+
+def brand_name(code: int) -> str:
+    return BRANDS.get(code, "Unknown")
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,10 +168,12 @@ class FieldValue:
     nvml_name: str
     scale: float = 1.0  # value * scale; 1.0 keeps an integer
     max_valid: float | None = None  # above this the value is a sentinel (memory temp > 200)
+    attr: str | None = None  # read this union member whatever valueType the driver claims
 
 
 FIELD_VALUES: dict[str, FieldValue] = {
-    "DCGM_FI_DEV_MEMORY_TEMP": FieldValue("NVML_FI_DEV_MEMORY_TEMP", max_valid=200),
+    # r545 drivers claim another valueType for memory temperature; DCGM reads it as unsigned int
+    "DCGM_FI_DEV_MEMORY_TEMP": FieldValue("NVML_FI_DEV_MEMORY_TEMP", max_valid=200, attr="uiVal"),
     "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": FieldValue("NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION"),
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": FieldValue("NVML_FI_DEV_PCIE_REPLAY_COUNTER"),
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": FieldValue("NVML_FI_DEV_REMAPPED_COR"),
@@ -178,17 +218,22 @@ class RateField:
     counters: tuple[tuple[str, int], ...]  # (NVML_FI_* name, scopeId), summed
     unit_bytes: int  # bytes per counter unit
     per_s_divisor: int  # bytes/s -> DCGM unit
+    first_zero: bool = False  # publish 0 on the first pass (no previous reading), as DCGM does
+    attr: str | None = None  # read this union member whatever valueType says (DCGM: ullVal)
 
 
 RATE_FIELDS: dict[str, RateField] = {
-    # DCGM: NVLink data TX+RX KiB counters over all links, published as MB/s
+    # DCGM (DcgmCacheManager.cpp): NVLink data TX+RX KiB counters (ullVal) over all links,
+    # (KiB delta / seconds) / 1000; 0 without a previous reading; a zero timestamp means "now"
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": RateField(
         (
             ("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", UINT_MAX),
             ("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", UINT_MAX),
         ),
-        1024,
-        1000 * 1000,
+        1,
+        1000,
+        first_zero=True,
+        attr="ullVal",
     ),
     # DCGM used the 20 ms nvmlDeviceGetPcieThroughput (KB/s); the byte counters give the same unit free
     "DCGM_FI_DEV_PCIE_TX_THROUGHPUT": RateField((("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", 0),), 1, 1024),
@@ -291,18 +336,24 @@ def answered(plan: Plan, results: Sequence[Any]) -> set[str]:
 
 
 def convert_field_values(
-    gpu: int, plan: Plan, results: Sequence[Any], lost: int, rate_prev: dict[str, tuple[float, int]]
+    gpu: int,
+    plan: Plan,
+    results: Sequence[Any],
+    lost: int,
+    rate_prev: dict[str, tuple[float, int]],
+    now_us: int = 0,
 ) -> dict[str, Value]:
     """DCGM values from the answer to ``plan.request``: scaled, sentinels dropped, rates differenced
-    against ``rate_prev`` (updated in place). A field answering ``lost`` raises GpuLostError."""
+    against ``rate_prev`` (updated in place; a zero NVML timestamp counts as ``now_us``, as DCGM
+    does). A field answering ``lost`` raises GpuLostError."""
     values: dict[str, Value] = {}
     for name, r in zip(plan.fv_names, results, strict=False):
         if r.nvmlReturn == lost:
-            raise GpuLostError(gpu, "NVML_ERROR_GPU_IS_LOST (fallen off the bus?)")
+            raise GpuLostError(gpu, "GPU_IS_LOST (fallen off the bus?)")
         if r.nvmlReturn != 0:
             continue
         fv = FIELD_VALUES[name]
-        raw = getattr(r.value, _FV_ATTR[r.valueType])
+        raw = getattr(r.value, fv.attr or _FV_ATTR[r.valueType])
         if fv.max_valid is not None and raw > fv.max_valid:
             continue
         values[name] = raw * fv.scale if fv.scale != 1.0 else int(raw)
@@ -313,11 +364,13 @@ def convert_field_values(
         i += len(rate.counters)
         if any(p.nvmlReturn != 0 for p in parts):
             continue
-        total = float(sum(getattr(p.value, _FV_ATTR[p.valueType]) for p in parts))
-        stamp = max(int(p.timestamp) for p in parts)
+        total = float(sum(getattr(p.value, rate.attr or _FV_ATTR[p.valueType]) for p in parts))
+        stamp = max(int(p.timestamp) for p in parts) or now_us
         prev = rate_prev.get(name)
         rate_prev[name] = (total, stamp)
-        if prev is not None and stamp > prev[1] and total >= prev[0]:
+        if prev is None and rate.first_zero:
+            values[name] = 0
+        elif prev is not None and stamp > prev[1] and total >= prev[0]:
             per_s = (total - prev[0]) * rate.unit_bytes / ((stamp - prev[1]) / 1e6)
             values[name] = int(per_s / rate.per_s_divisor)
     return values
@@ -336,26 +389,5 @@ def memory_v1(m: Any) -> dict[str, Value]:
         "DCGM_FI_DEV_FB_FREE": m.free // MIB,
         "DCGM_FI_DEV_FB_USED": m.used // MIB,
         "DCGM_FI_DEV_FB_RESERVED": 0,
+        "DCGM_FI_DEV_FB_USED_PERCENT": m.used / m.total if m.total > 0 else 0.0,
     }
-
-
-def init_message(nvml: Any, exc: Any) -> str:
-    """The hint for an ``nvmlInit`` failure: what to install or check for the usual error codes."""
-    code = getattr(exc, "value", None)
-    hints = {
-        getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", -1): (
-            "NVML library libnvidia-ml.so.1 not found: install the NVIDIA driver on the host; in a "
-            "container run with the NVIDIA runtime (runtimeClassName: nvidia, NVIDIA_VISIBLE_DEVICES=all) "
-            "so the driver libraries are mounted; or use --backend simulated"
-        ),
-        getattr(nvml, "NVML_ERROR_DRIVER_NOT_LOADED", -1): (
-            "the NVIDIA kernel driver is not loaded: check `nvidia-smi` and `lsmod | grep nvidia` on the node"
-        ),
-        getattr(nvml, "NVML_ERROR_NO_PERMISSION", -1): (
-            "no permission to open /dev/nvidia*: run as root or give the container the GPU devices"
-        ),
-        getattr(nvml, "NVML_ERROR_LIB_RM_VERSION_MISMATCH", -1): (
-            "the NVML library and the kernel driver have different versions: reboot or reload the driver"
-        ),
-    }
-    return hints.get(code, f"NVML initialisation failed: {exc}")

@@ -89,7 +89,7 @@ def entity_labels(
         ("gpu", str(device.index)),
         ("UUID", device.uuid),
         ("pci_bus_id", device.pci_bus_id),
-        ("device", f"nvidia{device.minor}"),
+        ("device", f"nvidia{device.index}"),  # dcgm-exporter: the GPU index, not the minor number
         ("modelName", device.name),
     ]
     if mig is not None:

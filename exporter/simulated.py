@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from exporter.backend import DeviceInfo, Entity, GpuLostError, MigInstance, Value
+from exporter.backend import DeviceInfo, Entity, GpuLostError, MigInstance, Value, XidEvent
 
 MIB = 1048576
 STEP_S = 1.0
@@ -380,7 +380,7 @@ class SimulatedBackend:
             self._xids.append((gpu, xid))
             self._cond.notify_all()
 
-    def wait_xid(self, timeout_s: float) -> list[tuple[int, int]]:
+    def wait_xid(self, timeout_s: float) -> Sequence[XidEvent]:
         with self._cond:
             if not self._xids and not self._closed:
                 self._cond.wait(max(timeout_s, 0.0))

@@ -1,38 +1,65 @@
-"""XID events: a thread waiting on ``backend.wait_xid`` that keeps the last XID per GPU (what
-``DCGM_FI_DEV_XID_ERRORS`` reports, 0 until one happens, like DCGM) and a reset-free count per
-(GPU, XID) for ``gpu_exporter_xid_errors_total``.
+"""XID events: a thread waiting on ``backend.wait_xid`` that keeps the last XID per GPU and per MIG
+GPU instance (what ``DCGM_FI_DEV_XID_ERRORS`` reports, 0 until one happens, like DCGM) and a
+reset-free count per (GPU, XID) for ``gpu_exporter_xid_errors_total``.
+
+An event NVML ties to a GPU instance (``nvmlEventData_t.gpuInstanceId``) lands on that instance's
+series only; a GPU-wide event on the GPU and every instance of it. ``xid_message`` gives
+dcgm-exporter 4.8.2's ``err_msg`` label text for an ``err_code``.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import cache
+from importlib import resources
 from typing import Protocol
 
+from exporter.backend import XidEvent
+
 log = logging.getLogger(__name__)
+UNKNOWN_XID = "Unknown Error"  # dcgm-exporter's err_msg for a code outside its table
+
+
+@cache
+def _messages() -> dict[int, str]:
+    text = resources.files("exporter").joinpath("data", "xid-messages.json").read_text(encoding="utf-8")
+    return {int(k): v for k, v in json.loads(text)["messages"].items()}
+
+
+def xid_message(code: int) -> str:
+    """The ``err_msg`` dcgm-exporter 4.8.2 prints for ``err_code`` (0: "No Error")."""
+    return _messages().get(code, UNKNOWN_XID)
 
 
 class XidSource(Protocol):
-    def wait_xid(self, timeout_s: float) -> list[tuple[int, int]]: ...
+    def wait_xid(self, timeout_s: float) -> Sequence[XidEvent]: ...
 
 
 class XidState:
-    """Thread-safe last XID per GPU and counts per (gpu, xid)."""
+    """Thread-safe last XID per (gpu, GPU instance or None) and counts per (gpu, xid)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._last: dict[int, int] = {}
+        self._seq = itertools.count(1)
+        self._last: dict[tuple[int, int | None], tuple[int, int]] = {}  # -> (sequence, xid)
         self._counts: dict[tuple[int, int], int] = {}
 
-    def record(self, gpu: int, xid: int) -> None:
+    def record(self, gpu: int, xid: int, gpu_instance: int | None = None) -> None:
         with self._lock:
-            self._last[gpu] = xid
+            self._last[(gpu, gpu_instance)] = (next(self._seq), xid)
             self._counts[(gpu, xid)] = self._counts.get((gpu, xid), 0) + 1
 
-    def last(self, gpu: int) -> int:
+    def last(self, gpu: int, gpu_instance: int | None = None) -> int:
+        """The latest XID for the GPU (``gpu_instance`` None) or for one of its GPU instances: the
+        newer of a GPU-wide event and one on that instance; 0 when none."""
         with self._lock:
-            return self._last.get(gpu, 0)
+            wide = self._last.get((gpu, None), (0, 0))
+            own = self._last.get((gpu, gpu_instance), (0, 0)) if gpu_instance is not None else (0, 0)
+            return max(wide, own)[1]
 
     def counts(self) -> dict[tuple[int, int], int]:
         with self._lock:
@@ -71,9 +98,12 @@ class XidWatcher:
     def poll_once(self) -> int:
         """One wait; returns how many events arrived. Used by the loop and by tests."""
         events = self._backend.wait_xid(self._timeout_s)
-        for gpu, xid in events:
-            log.warning("XID %d on GPU %d", xid, gpu)
-            self.state.record(gpu, xid)
+        for event in events:
+            gpu, xid = event[0], event[1]
+            gi = event[2] if len(event) > 2 else None
+            where = f"GPU {gpu}" if gi is None else f"GPU {gpu} GPU instance {gi}"
+            log.warning("XID %d (%s) on %s", xid, xid_message(xid), where, extra={"gpu": gpu, "xid": xid})
+            self.state.record(gpu, xid, gi)
             if self._on_xid is not None:
                 self._on_xid(gpu, xid)
         return len(events)

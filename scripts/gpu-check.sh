@@ -6,6 +6,18 @@
 # NVML GPU has are present with dcgm-exporter's labels; DCGM_FI_PROF_* ratios lie in 0..1;
 # DCGM_FI_DEV_GPU_UTIL rises under load. Prints the per-GPU collection time. Exit 0 = all passed.
 #
+# Before that, an NVML probe pass (no HTTP): the process's uid, capabilities and the driver's
+# NVreg_RestrictProfilingToAdminUsers; per GPU the GPM permission state (permitted / refused with
+# NVML's reason / not supported); the first three 1 s cycles' PROF values (the first cycle already
+# has them: the probe's sample is one interval old) and the per-GPU collection time. When run as
+# root with setpriv(1) present, the probe runs a second time under the DaemonSet's securityContext
+# (uid 0, every capability dropped, no_new_privs), which shows whether profiling survives it.
+#
+#   scripts/gpu-check.sh --probe-only     the probe passes only
+#   GPU_CHECK_FAKE=1|refused              probe the fake pynvml of tests/ instead of a GPU (to test
+#                                         this script without one; implies --probe-only)
+#   GPU_CHECK_PYTHON=/path/to/python      the interpreter (default: the repo's .venv, else python3)
+#
 # Installs nothing and never changes GPU settings (no clocks, power limits, persistence or MIG
 # mode): it only reads through NVML and runs ordinary CUDA work.
 # Needs: python3 (or the repo's .venv) with nvidia-ml-py and prometheus-client importable.
@@ -13,8 +25,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 
-PY=python3
-[[ -x "$REPO/.venv/bin/python" ]] && PY="$REPO/.venv/bin/python"
+PY=${GPU_CHECK_PYTHON:-python3}
+[[ -z "${GPU_CHECK_PYTHON:-}" && -x "$REPO/.venv/bin/python" ]] && PY="$REPO/.venv/bin/python"
 if ! "$PY" -c 'import exporter.cli' 2>/dev/null; then
   export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 fi
@@ -29,6 +41,10 @@ if [[ -n "$missing" ]]; then
   exit 2
 fi
 
+PROBE_ONLY=0
+[[ "${1:-}" == "--probe-only" || -n "${GPU_CHECK_FAKE:-}" ]] && PROBE_ONLY=1
+[[ -n "${GPU_CHECK_FAKE:-}" ]] && export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"  # tests.fake_pynvml
+
 PORT=${GPU_CHECK_PORT:-$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
 LOAD_S=${GPU_CHECK_LOAD_SECONDS:-40}
 BACKEND=${GPU_CHECK_BACKEND:-nvml}  # "simulated" only to try this script itself on a machine without a GPU
@@ -42,6 +58,93 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
+
+cat >"$WORK/probe.py" <<'EOF'
+import os, time
+from exporter.backend import GpuLostError
+from exporter.fields import DEFAULT_FIELDS
+from exporter.nvml import NvmlBackend
+
+fake_mode = os.environ.get("GPU_CHECK_FAKE", "")
+if fake_mode:
+    from tests.fake_pynvml import FakeNvml
+    fake = FakeNvml(n_gpus=2)
+    fake.gpm_refused = fake_mode == "refused"
+    b = NvmlBackend(fake, clock=fake.clock, wall_clock=fake.clock)
+    def advance(s):
+        fake.now += s
+else:
+    b = NvmlBackend()
+    advance = time.sleep
+
+status = {}
+with open("/proc/self/status", encoding="ascii") as fh:
+    for line in fh:
+        key, _, value = line.partition(":")
+        status[key] = value.strip()
+cap_eff = int(status.get("CapEff", "0"), 16)
+restrict = "unknown (no /proc/driver/nvidia/params)"
+try:
+    with open("/proc/driver/nvidia/params", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("RestrictProfilingToAdminUsers"):
+                restrict = line.split(":", 1)[1].strip()
+except OSError:
+    pass
+print(f"process: uid {os.getuid()}, CapEff {cap_eff:#x} (CAP_SYS_ADMIN {'yes' if cap_eff >> 21 & 1 else 'no'}), "
+      f"NoNewPrivs {status.get('NoNewPrivs', '?')}; driver RestrictProfilingToAdminUsers: {restrict}"
+      f"{' [fake pynvml]' if fake_mode else ''}")
+fields = frozenset(DEFAULT_FIELDS)
+b.set_interval(1.0)
+up = []
+for d in b.devices():
+    if d.problem:
+        print(f"gpu {d.index}: DOWN at start: {d.problem}")
+        continue
+    prof = sorted(f for f in b.supported_fields(d.index, fields) if f.startswith("DCGM_FI_PROF_"))
+    refused = sorted(set(b.unavailable(d.index).values()))
+    state = "permitted" if prof else f"REFUSED ({', '.join(refused)})" if refused else "not supported on this GPU"
+    print(f"gpu {d.index} ({d.uuid}, {d.name}): GPM {state}; {len(prof)} PROF fields")
+    up.append(d.index)
+for cycle in (1, 2, 3):
+    advance(1.0)
+    for gpu in up:
+        try:
+            out = b.read(gpu, fields)
+        except GpuLostError as exc:
+            print(f"cycle {cycle} gpu {gpu}: down: {exc.reason}")
+            continue
+        for entity, values in sorted(out.items(), key=lambda kv: -1 if kv[0].gpu_instance_id is None else kv[0].gpu_instance_id):
+            prof = " ".join(f"{k[len('DCGM_FI_PROF_'):]}={v:.3f}" if isinstance(v, float) else
+                            f"{k[len('DCGM_FI_PROF_'):]}={v}" for k, v in sorted(values.items())
+                            if k.startswith("DCGM_FI_PROF_"))
+            where = f"gpu {gpu}" + ("" if entity.gpu_instance_id is None else f" GI {entity.gpu_instance_id}")
+            print(f"cycle {cycle} {where}: PROF {prof or '(none)'}")
+        print(f"cycle {cycle} gpu {gpu}: collection {b.last_pass_us[gpu] / 1000:.3f} ms")
+b.close()
+EOF
+
+probe() {  # probe <label> [wrapper command...]
+  local label=$1
+  shift
+  echo "== NVML probe: $label"
+  "$@" "$PY" "$WORK/probe.py" 2>&1 | sed 's/^/   /'
+  return "${PIPESTATUS[0]}"
+}
+probe_rc=0
+probe "as started" env || probe_rc=$?
+if [[ $(id -u) -ne 0 ]]; then
+  echo "== second probe skipped: not root, so there are no capabilities to drop (the DaemonSet runs as uid 0)"
+elif ! command -v setpriv >/dev/null; then
+  echo "== second probe skipped: setpriv(1) not found (util-linux)"
+else
+  # deploy/daemonset.yaml securityContext: runAsUser 0, capabilities drop ALL, no privilege escalation
+  probe "DaemonSet securityContext (setpriv: uid 0, all capabilities dropped, no_new_privs)" \
+    setpriv --no-new-privs --inh-caps=-all --ambient-caps=-all --bounding-set=-all -- || probe_rc=$?
+fi
+if [[ $PROBE_ONLY -eq 1 ]]; then
+  exit "$probe_rc"
+fi
 
 echo "== gpu-check: python $PY, exporter on 127.0.0.1:$PORT (--backend $BACKEND --interval 1s)"
 "$PY" -m exporter.cli --backend "$BACKEND" --listen "127.0.0.1:$PORT" --interval 1s --log-level warning \

@@ -3,13 +3,30 @@
 It exposes the pynvml names NvmlBackend uses, with pynvml's own constants and ``NVMLError`` classes,
 counts every call (``calls``), and can be told to fail: ``init_error`` (an NVML error code for
 nvmlInit), ``fail[func] = code`` (that function raises), ``lost`` (GPUs answering GPU_IS_LOST),
-``unknown`` (GPUs answering NVML_ERROR_UNKNOWN to everything). ``xids`` queues XID events. The clock
-(seconds) drives energy, PCIe byte counters and field timestamps.
+``unknown`` (GPUs answering NVML_ERROR_UNKNOWN to everything), ``broken[gpu] = code`` (every call on
+that GPU's handles raises ``code``, e.g. RESET_REQUIRED), ``handle_error[gpu] = code`` (getting the
+GPU's handle fails, as for a GPU lost before start), ``hang[gpu]`` (an Event: every call on that GPU
+blocks until it is set), ``gpm_refused`` (GPM sampling answers NO_PERMISSION, as with
+NVreg_RestrictProfilingToAdminUsers=1 and no CAP_SYS_ADMIN), ``pre_r510`` (no
+``nvmlDeviceGetMemoryInfo_v2`` symbol: FUNCTION_NOT_FOUND), ``driver_reload()`` (every call answers
+UNINITIALIZED until nvmlShutdown + nvmlInit; older handles are then invalid). ``xids`` queues XID
+events: (gpu, xid) or (gpu, xid, gpu instance id). The clock (seconds) drives energy, PCIe and
+NVLink counters and field timestamps.
+
+As nvml.h documents for a function the device or driver lacks, any ``nvml*`` name this fake does not
+implement answers NVML_ERROR_NOT_SUPPORTED when called; it never succeeds silently.
+
+MIG: ``mig[gpu]`` lists MIG devices as (gi, slices, GiB) (profile memory = memory total =
+GiB * 1024 - 300 MiB, one compute instance) or (gi, slices, profile MiB, ci) (memory total one GiB
+under the profile's memorySizeMB, as drivers reserve some; several entries with the same gi are
+compute instances of one GPU instance). The GPU-instance profile table (nvmlGpuInstanceGetInfo,
+nvmlDeviceGetGpuInstanceProfileInfo) is built from those entries.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +46,19 @@ MIB = 1048576
 class Handle:
     gpu: int
     gi: int | None = None
+    ci: int = 0
+    gen: int = field(default=0, compare=False)
+
+
+ERROR_NAMES = {getattr(_real, n): n for n in dir(_real) if n.startswith("NVML_ERROR_")}
+
+
+def _not_supported(name: str) -> Callable[..., Any]:
+    def call(*_args: Any, **_kwargs: Any) -> Any:
+        raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+
+    call.__name__ = name
+    return call
 
 
 @dataclass
@@ -61,6 +91,13 @@ def _value_obj(value_type: int, value: float) -> SimpleNamespace:
     return SimpleNamespace(**attrs)
 
 
+def _uuid(h: Handle) -> str:
+    base = str(REC["static"]["uuid"])
+    if h.gi is not None:
+        return f"MIG-{base[4:-6]}{h.gpu:02x}{h.gi:02x}{h.ci:02x}"
+    return f"{base[:-2]}{h.gpu:02x}"
+
+
 class FakeNvml:
     """One fake NVML library instance. ``mig`` maps a GPU to its instances' (gi id, slices, GiB)."""
 
@@ -68,8 +105,10 @@ class FakeNvml:
         self,
         n_gpus: int = 1,
         clock: Callable[[], float] | None = None,
-        mig: Mapping[int, Sequence[tuple[int, int, int]]] | None = None,
+        mig: Mapping[int, Sequence[tuple[int, ...]]] | None = None,
         gpm_supported: bool = True,
+        *,
+        nvlink: bool = False,
     ) -> None:
         for name in dir(_real):
             if name.startswith(("NVML_", "nvmlEventType", "nvmlMemory_v")) or name.startswith("NVMLError"):
@@ -84,7 +123,18 @@ class FakeNvml:
         self.fail: dict[str, int] = {}
         self.lost: set[int] = set()
         self.unknown: set[int] = set()
-        self.xids: list[tuple[int, int]] = []
+        self.broken: dict[int, int] = {}
+        self.handle_error: dict[int, int] = {}
+        self.hang: dict[int, threading.Event] = {}
+        self.gpm_refused = False
+        self.pre_r510 = False
+        self.memory_temp_type: int | None = None  # r545: a wrong valueType; only uiVal is filled
+        self.zero_timestamps = False
+        self.gen = 0
+        self.uninitialized = False
+        self.nvlink = nvlink
+        self.profiles = True  # False: the GPU-instance profile calls answer NOT_SUPPORTED
+        self.xids: list[tuple[int, ...]] = []
         self.registered: list[int] = []
         self.field_requests: list[list[Any]] = []
         self.load = REC["load"]
@@ -94,11 +144,42 @@ class FakeNvml:
         train = REC["gpm"]["training"]
         self.gpm_values = {getattr(_real, "NVML_GPM_METRIC_" + k): v for k, v in train.items()}
         self.gpm_values[_real.NVML_GPM_METRIC_INTEGER_UTIL] = REC["gpm"]["matmul"]["INTEGER_UTIL"]
+        if nvlink:  # KiB counters, 3 000 KiB/s TX and 1 000 KiB/s RX in total
+            self.fields[_real.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX] = (3, 0)
+            self.fields[_real.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX] = (3, 0)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("nvml"):
+            return _not_supported(name)
+        raise AttributeError(name)
+
+    def driver_reload(self) -> None:
+        """The driver was unloaded and loaded again: calls answer UNINITIALIZED until re-init."""
+        self.uninitialized = True
+        self.gen += 1
+
+    def _mig_entry(self, h: Handle) -> tuple[int, int, int, int]:
+        """(gi, slices, profile memorySizeMB, memory total MiB) for a MIG device handle."""
+        for m in self.mig[h.gpu]:
+            if m[0] == h.gi and (len(m) < 4 or m[3] == h.ci):
+                if len(m) < 4:
+                    mb = m[2] * 1024 - 300
+                    return m[0], m[1], mb, mb
+                return m[0], m[1], m[2], m[2] - 1024
+        raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
 
     # --- plumbing ----------------------------------------------------------------------------------
 
     def _hit(self, name: str, handle: Handle | None = None) -> None:
         self.calls[name] += 1
+        if self.uninitialized and name != "nvmlShutdown":
+            raise _real.NVMLError(_real.NVML_ERROR_UNINITIALIZED)
+        if handle is not None and handle.gen != self.gen:
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        if handle is not None and handle.gpu in self.hang:
+            self.hang[handle.gpu].wait()
+        if handle is not None and handle.gpu in self.broken:
+            raise _real.NVMLError(self.broken[handle.gpu])
         if handle is not None and handle.gpu in self.lost:
             raise _real.NVMLError(_real.NVML_ERROR_GPU_IS_LOST)
         if handle is not None and handle.gpu in self.unknown:
@@ -115,6 +196,7 @@ class FakeNvml:
         self.calls["nvmlInit"] += 1
         if self.init_error is not None:
             raise _real.NVMLError(self.init_error)
+        self.uninitialized = False
 
     def nvmlShutdown(self) -> None:
         self._hit("nvmlShutdown")
@@ -133,7 +215,21 @@ class FakeNvml:
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Handle:
         self._hit("nvmlDeviceGetHandleByIndex")
-        return Handle(index)
+        if index in self.handle_error:
+            raise _real.NVMLError(self.handle_error[index])
+        if not 0 <= index < self.n_gpus:
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return Handle(index, gen=self.gen)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: bytes | str) -> Handle:
+        self._hit("nvmlDeviceGetHandleByUUID")
+        text = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for i in range(self.n_gpus):
+            if _uuid(Handle(i)) == text:
+                if i in self.handle_error:
+                    raise _real.NVMLError(self.handle_error[i])
+                return Handle(i, gen=self.gen)
+        raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
 
     def nvmlDeviceGetIndex(self, h: Handle) -> int:
         self._hit("nvmlDeviceGetIndex")
@@ -147,10 +243,7 @@ class FakeNvml:
 
     def nvmlDeviceGetUUID(self, h: Handle) -> str:
         self._hit("nvmlDeviceGetUUID", h)
-        base = str(REC["static"]["uuid"])
-        if h.gi is not None:
-            return f"MIG-{base[4:-4]}{h.gpu:02x}{h.gi:02x}"
-        return f"{base[:-2]}{h.gpu:02x}"
+        return _uuid(h)
 
     def nvmlDeviceGetPciInfo(self, h: Handle) -> SimpleNamespace:
         self._hit("nvmlDeviceGetPciInfo", h)
@@ -213,11 +306,15 @@ class FakeNvml:
 
     def nvmlDeviceGetMemoryInfo(self, h: Handle, version: int | None = None) -> SimpleNamespace:
         self._hit("nvmlDeviceGetMemoryInfo", h)
+        if version is not None and self.pre_r510:  # pynvml looks up nvmlDeviceGetMemoryInfo_v2
+            raise _real.NVMLError(_real.NVML_ERROR_FUNCTION_NOT_FOUND)
         if h.gi is not None:
-            _gi, _slices, gib = next(m for m in self.mig[h.gpu] if m[0] == h.gi)
-            total = gib * 1024 * MIB - 300 * MIB
+            total = self._mig_entry(h)[3] * MIB
             return SimpleNamespace(total=total, used=total // 4, free=total - total // 4, reserved=0)
-        return SimpleNamespace(**self.load["memory_v2"])
+        m = self.load["memory_v2"]
+        if version is None:  # nvmlMemory_t (v1): no reserved field, used includes it
+            return SimpleNamespace(total=m["total"], free=m["free"], used=m["total"] - m["free"])
+        return SimpleNamespace(**m)
 
     def nvmlDeviceGetPowerUsage(self, h: Handle) -> int:
         self._hit("nvmlDeviceGetPowerUsage", h)
@@ -299,14 +396,23 @@ class FakeNvml:
                 value = value + int(t * 5 * MIB)
             elif fid == _real.NVML_FI_DEV_PCIE_COUNT_RX_BYTES:
                 value = value + int(t * 13 * MIB)
+            elif fid == _real.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
+                value = int(t * 3000)
+            elif fid == _real.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX:
+                value = int(t * 1000)
+            obj = _value_obj(vtype, value)
+            if fid == _real.NVML_FI_DEV_MEMORY_TEMP and self.memory_temp_type is not None:
+                vtype = self.memory_temp_type  # the driver claims another type; only 4 bytes are set
+                obj = _value_obj(vtype, (0xDEAD << 32) | int(value))
+                obj.uiVal = int(value)
             out.append(
                 SimpleNamespace(
                     fieldId=fid,
                     scopeId=scope,
                     nvmlReturn=0,
                     valueType=vtype,
-                    timestamp=int(t * 1e6),
-                    value=_value_obj(vtype, value),
+                    timestamp=0 if self.zero_timestamps else int(t * 1e6),
+                    value=obj,
                 )
             )
         return out
@@ -326,11 +432,15 @@ class FakeNvml:
 
     def nvmlGpmSampleGet(self, h: Handle, sample: Sample) -> Sample:
         self._hit("nvmlGpmSampleGet", h)
+        if self.gpm_refused:
+            raise _real.NVMLError(_real.NVML_ERROR_NO_PERMISSION)
         sample.entity, sample.taken = h, self.calls["nvmlGpmSampleGet"] + self.calls["nvmlGpmMigSampleGet"]
         return sample
 
     def nvmlGpmMigSampleGet(self, h: Handle, gi: int, sample: Sample) -> Sample:
         self._hit("nvmlGpmMigSampleGet", h)
+        if self.gpm_refused:
+            raise _real.NVMLError(_real.NVML_ERROR_NO_PERMISSION)
         sample.entity, sample.taken = (
             Handle(h.gpu, gi),
             self.calls["nvmlGpmSampleGet"] + self.calls["nvmlGpmMigSampleGet"],
@@ -367,17 +477,52 @@ class FakeNvml:
         instances = self.mig.get(h.gpu, ())
         if index >= len(instances):
             raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
-        return Handle(h.gpu, instances[index][0])
+        m = instances[index]
+        return Handle(h.gpu, m[0], m[3] if len(m) > 3 else 0, gen=self.gen)
 
     def nvmlDeviceGetGpuInstanceId(self, h: Handle) -> int:
         self._hit("nvmlDeviceGetGpuInstanceId", h)
         assert h.gi is not None
         return h.gi
 
+    def nvmlDeviceGetComputeInstanceId(self, h: Handle) -> int:
+        self._hit("nvmlDeviceGetComputeInstanceId", h)
+        assert h.gi is not None
+        return h.ci
+
     def nvmlDeviceGetAttributes(self, h: Handle) -> SimpleNamespace:
+        """The MIG device's attributes; memorySizeMB is the memory it reports (for 4-tuple
+        entries a GiB under the profile's), so only the profile route names profiles as DCGM."""
         self._hit("nvmlDeviceGetAttributes", h)
-        _gi, slices, _gib = next(m for m in self.mig[h.gpu] if m[0] == h.gi)
-        return SimpleNamespace(gpuInstanceSliceCount=slices)
+        _gi, slices, _profile_mb, total = self._mig_entry(h)
+        return SimpleNamespace(gpuInstanceSliceCount=slices, memorySizeMB=total)
+
+    def _profiles(self, gpu: int) -> list[tuple[int, int]]:
+        """GPU instance profiles by profile index: (sliceCount, memorySizeMB); id = 100 + index."""
+        out = set()
+        for m in self.mig.get(gpu, ()):
+            out.add((m[1], m[2] * 1024 - 300 if len(m) < 4 else m[2]))
+        return sorted(out)
+
+    def nvmlDeviceGetGpuInstanceById(self, h: Handle, gi: int) -> Handle:
+        self._hit("nvmlDeviceGetGpuInstanceById", h)
+        if not self.profiles or not any(m[0] == gi for m in self.mig.get(h.gpu, ())):
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED if not self.profiles else _real.NVML_ERROR_NOT_FOUND)
+        return Handle(h.gpu, gi, gen=self.gen)
+
+    def nvmlGpuInstanceGetInfo(self, gih: Handle) -> SimpleNamespace:
+        self._hit("nvmlGpuInstanceGetInfo", gih)
+        m = next(m for m in self.mig[gih.gpu] if m[0] == gih.gi)
+        key = (m[1], m[2] * 1024 - 300 if len(m) < 4 else m[2])
+        return SimpleNamespace(id=gih.gi, profileId=100 + self._profiles(gih.gpu).index(key))
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, h: Handle, profile: int) -> SimpleNamespace:
+        self._hit("nvmlDeviceGetGpuInstanceProfileInfo", h)
+        table = self._profiles(h.gpu)
+        if not self.profiles or profile >= len(table):
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        slices, mb = table[profile]
+        return SimpleNamespace(id=100 + profile, sliceCount=slices, memorySizeMB=mb)
 
     # --- events ------------------------------------------------------------------------------------
 
@@ -397,12 +542,14 @@ class FakeNvml:
         self._hit("nvmlEventSetWait_v2")
         if not self.xids:
             raise _real.NVMLError(_real.NVML_ERROR_TIMEOUT)
-        gpu, xid = self.xids.pop(0)
+        event = self.xids.pop(0)
+        gpu, xid = event[0], event[1]
+        gi = event[2] if len(event) > 2 else 0xFFFFFFFF
         return SimpleNamespace(
-            device=Handle(gpu),
+            device=Handle(gpu, gen=self.gen),
             eventType=_real.nvmlEventTypeXidCriticalError,
             eventData=xid,
-            gpuInstanceId=0xFFFFFFFF,
+            gpuInstanceId=gi,
             computeInstanceId=0xFFFFFFFF,
         )
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from exporter.backend import DeviceInfo, Entity, GpuLostError, MigInstance, Value
-from exporter.collector import Collector, Exposition, health_of
+from exporter.collector import Collector, DownGpu, Exposition, liveness_of, readiness_of
 from exporter.xid import XidState
 from tests.exporter_stubs import Pod, Spec
 from tests.helpers import wait_until
@@ -81,6 +81,10 @@ def make(backend: FakeBackend, **kw: object) -> Collector:
     return Collector(backend, SPECS, "node-a", 5.0, **kw)  # type: ignore[arg-type]
 
 
+UP0 = 'gpu_exporter_device_up{gpu="0",UUID="GPU-00000000",pci_bus_id="00000000:10:00.0",Hostname="node-a"}'
+UP1 = 'gpu_exporter_device_up{gpu="1",UUID="GPU-00000001",pci_bus_id="00000000:11:00.0",Hostname="node-a"}'
+
+
 def lines(exp: Exposition, prefix: str) -> list[str]:
     return [ln for ln in exp.text.decode().splitlines() if ln.startswith(prefix)]
 
@@ -111,8 +115,8 @@ def test_xid_errors_is_zero_until_an_xid_then_the_last_code() -> None:
     xids.record(0, 48)
     exp = c.collect_once()
     assert lines(exp, "DCGM_FI_DEV_XID_ERRORS{")[0].endswith("} 48")
-    assert 'gpu_exporter_xid_errors_total{gpu="0",UUID="GPU-00000000",xid="48"} 1' in lines(
-        exp, "gpu_exporter_xid_errors_total{")
+    assert ('gpu_exporter_xid_errors_total{gpu="0",UUID="GPU-00000000",pci_bus_id="00000000:10:00.0",'
+            'Hostname="node-a",xid="48"} 1') in lines(exp, "gpu_exporter_xid_errors_total{")
 
 
 def test_failing_gpu_is_down_its_series_gone_others_present_then_recovers() -> None:
@@ -121,17 +125,18 @@ def test_failing_gpu_is_down_its_series_gone_others_present_then_recovers() -> N
     exp = c.collect_once()
     util = lines(exp, "DCGM_FI_DEV_GPU_UTIL{")
     assert [ln.split('"')[1] for ln in util] == ["0", "2"]
-    assert 'gpu_exporter_device_up{gpu="1",UUID="GPU-00000001"} 0' in exp.text.decode()
-    assert 'gpu_exporter_device_up{gpu="0",UUID="GPU-00000000"} 1' in exp.text.decode()
+    assert UP1 + " 0" in exp.text.decode()
+    assert UP0 + " 1" in exp.text.decode()
     assert (exp.devices_up, exp.devices_total) == (2, 3)
     assert "fallen off the bus" in exp.problem
     c.collect_once()  # retried every cycle
     assert be.reads == 6
-    assert 'gpu_exporter_collection_errors_total{gpu="1",UUID="GPU-00000001"} 2' in c.exposition.text.decode()
+    assert ('gpu_exporter_collection_errors_total{gpu="1",UUID="GPU-00000001",pci_bus_id="00000000:11:00.0",'
+            'Hostname="node-a"} 2') in c.exposition.text.decode()
     be.failing.clear()
     exp = c.collect_once()
     assert len(lines(exp, "DCGM_FI_DEV_GPU_UTIL{")) == 3
-    assert 'gpu_exporter_device_up{gpu="1",UUID="GPU-00000001"} 1' in exp.text.decode()
+    assert UP1 + " 1" in exp.text.decode()
     assert exp.problem == ""
 
 
@@ -175,7 +180,7 @@ def test_pod_source_failure_counts_kubelet_error_and_keeps_series() -> None:
 
     exp = make(FakeBackend(n=1), pods=broken, kubelet_errors=lambda: 3).collect_once()
     assert len(lines(exp, "DCGM_FI_DEV_GPU_UTIL{")) == 1
-    assert "gpu_exporter_kubelet_errors_total 4" in exp.text.decode()
+    assert 'gpu_exporter_kubelet_errors_total{Hostname="node-a"} 4' in exp.text.decode()
 
 
 def test_kubelet_family_absent_without_kubernetes() -> None:
@@ -192,14 +197,15 @@ def test_openmetrics_variant_ends_with_eof_and_self_counters_use_total_samples()
     om = make(FakeBackend(n=1)).collect_once().openmetrics.decode()
     assert om.endswith("# EOF\n")
     assert "# TYPE gpu_exporter_collection_errors counter\n" in om
-    assert 'gpu_exporter_collection_errors_total{gpu="0",UUID="GPU-00000000"} 0' in om
+    assert ('gpu_exporter_collection_errors_total{gpu="0",UUID="GPU-00000000",pci_bus_id="00000000:10:00.0",'
+            'Hostname="node-a"} 0') in om
 
 
 def test_build_info_and_last_collection_timestamp() -> None:
     exp = make(FakeBackend(n=1), backend_name="simulated", wall_clock=lambda: 1_700_000_000.5).collect_once()
     text = exp.text.decode()
-    assert "gpu_exporter_last_collection_timestamp_seconds 1700000000.5\n" in text
-    assert 'backend="simulated"} 1' in text
+    assert 'gpu_exporter_last_collection_timestamp_seconds{Hostname="node-a"} 1700000000.5\n' in text
+    assert 'backend="simulated",Hostname="node-a"} 1' in text
 
 
 def test_supported_probe_can_be_passed_in() -> None:
@@ -208,30 +214,40 @@ def test_supported_probe_can_be_passed_in() -> None:
     assert lines(exp, "DCGM_FI_DEV_GPU_UTIL{") and not lines(exp, "DCGM_FI_DEV_POWER_USAGE{")
 
 
+DOWN0 = (DownGpu(0, "GPU-a", "GPU_IS_LOST"),)
+
+
 @pytest.mark.parametrize(
-    ("collected_at", "now", "up", "total", "healthy", "reason_part"),
+    ("collected_at", "now", "up", "total", "down", "live", "ready", "reason_part"),
     [
-        (None, 0.0, 0, 0, False, "no collection"),
-        (100.0, 100.0, 2, 2, True, "OK"),
-        (100.0, 114.9, 2, 2, True, "OK"),
-        (100.0, 115.0, 2, 2, False, "more than 3 intervals"),
-        (100.0, 101.0, 1, 2, True, "OK"),
-        (100.0, 101.0, 0, 2, False, "no GPU answered"),
-        (100.0, 101.0, 0, 0, True, "OK"),
+        (None, 0.0, 0, 0, (), False, False, "no collection"),
+        (100.0, 100.0, 2, 2, (), True, True, "OK"),
+        (100.0, 114.9, 2, 2, (), True, True, "OK"),
+        (100.0, 115.0, 2, 2, (), False, False, "more than 3 intervals"),
+        (100.0, 101.0, 1, 2, DOWN0, True, True, "OK; gpu 0 (GPU-a) down: GPU_IS_LOST"),
+        # issue 7: every GPU lost is not a liveness failure (a restart cannot fix hardware)
+        (100.0, 101.0, 0, 1, DOWN0, True, False, "gpu 0 (GPU-a) down: GPU_IS_LOST"),
+        (100.0, 101.0, 0, 0, (), True, True, "OK"),
     ],
 )
-def test_health_verdict(
-    collected_at: float | None, now: float, up: int, total: int, healthy: bool, reason_part: str
+def test_liveness_and_readiness_verdicts(
+    collected_at: float | None, now: float, up: int, total: int, down: tuple[DownGpu, ...],
+    live: bool, ready: bool, reason_part: str,
 ) -> None:
-    exp = Exposition(b"", b"", collected_at, up, total, "GPU 0: gone")
-    ok, reason = health_of(exp, now, 5.0)
-    assert ok is healthy
-    assert reason_part in reason
+    exp = Exposition(b"", b"", collected_at, up, total, "", down)
+    ok, reason = liveness_of(exp, now, 5.0)
+    assert ok is live and (reason_part in reason or not live)
+    ok, reason = readiness_of(exp, now, 5.0)
+    assert ok is ready and reason_part in reason
 
 
 def test_health_turns_stale_with_injected_clock() -> None:
     clock = Clock()
     c = make(FakeBackend(n=1), clock=clock)
+    # issue 7: liveness fails only when the loop is stale: the first cycle has 3 intervals
+    assert c.health() == (True, "OK; no collection has finished yet")
+    assert c.readiness() == (False, "no collection has finished yet")
+    clock.t += 15.0
     assert c.health()[0] is False
     c.collect_once()
     assert c.health() == (True, "OK")

@@ -191,3 +191,32 @@ def test_filter_supported_drops_unsupported_with_dcgm_warning_and_keeps_labels(
         kept = filter_supported(specs, {"DCGM_FI_DEV_GPU_UTIL"}, log)
     assert [s.field for s in kept] == ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DRIVER_VERSION"]
     assert caplog.messages == ["Skipping line 2 ('DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL'): metric not enabled"]
+
+
+def test_builtin_default_set_does_not_warn_about_its_own_rows_at_every_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 10: a PCIe H200 has no NVLink, so the default NVLINK_BANDWIDTH_TOTAL row is dropped
+    quietly (one INFO line), while a user's file keeps dcgm-exporter's per-row warning."""
+    specs = load_counters(None)
+    supported = {s.field for s in specs} - {"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"}
+    log = logging.getLogger("test.counters.default")
+    with caplog.at_level(logging.INFO, logger="test.counters.default"):
+        kept = filter_supported(specs, supported, log)
+    assert "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL" not in [s.field for s in kept]
+    assert [r.levelname for r in caplog.records] == ["INFO"]
+    assert "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL" in caplog.messages[0]
+
+
+def test_builtin_default_prof_rows_still_get_dcgm_skipping_line_when_profiling_is_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """dcgm-exporter prints "Skipping line N ('X'): metric not enabled" for each DCP row it cannot
+    watch; the PROF rows say so even in the built-in set (GPM refused or absent)."""
+    specs = load_counters(None)
+    supported = {s.field for s in specs if not s.field.startswith("DCGM_FI_PROF_")}
+    log = logging.getLogger("test.counters.prof")
+    with caplog.at_level(logging.WARNING, logger="test.counters.prof"):
+        filter_supported(specs, supported, log)
+    prof = [s for s in specs if s.field.startswith("DCGM_FI_PROF_")]
+    assert caplog.messages == [f"Skipping line {s.line} ('{s.field}'): metric not enabled" for s in prof]

@@ -25,7 +25,7 @@ def fake() -> FakeNvml:
 
 @pytest.fixture
 def backend(fake: FakeNvml) -> Any:
-    b = NvmlBackend(fake)
+    b = NvmlBackend(fake, clock=fake.clock)
     yield b
     b.close()
 
@@ -56,7 +56,8 @@ def test_static_values_are_read_once_not_per_pass(fake: FakeNvml, backend: NvmlB
     assert fake.calls["nvmlDeviceGetMaxClockInfo"] == 2  # SM and MEM, probe of GPU 0 only
     assert fake.calls["nvmlDeviceGetTemperatureThreshold"] == 2
     assert fake.calls["nvmlSystemGetDriverVersion"] == 1
-    assert fake.calls["nvmlDeviceGetMigMode"] == 2
+    # issue 7: the MIG mode is checked every pass (one cheap call) so a reconfigured GPU is seen
+    assert fake.calls["nvmlDeviceGetMigMode"] == 2 + 5
     assert fake.calls["nvmlDeviceGetMinorNumber"] == 2
 
 
@@ -102,13 +103,11 @@ def test_default_fields_in_dcgm_units(fake: FakeNvml, backend: NvmlBackend) -> N
         assert isinstance(value, int) is FIELDS[name].integer, name
 
 
-def test_gpm_ratios_and_bytes_are_converted_from_the_second_pass(
+def test_gpm_ratios_and_bytes_are_converted_from_the_probe_sample_and_the_next(
     fake: FakeNvml, backend: NvmlBackend
 ) -> None:
-    backend.supported_fields(0, ALL)
-    fake.now += 5.0
-    first = backend.read(0, DEFAULTS)[Entity(0)]
-    assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" not in first  # one sample is not a rate yet
+    backend.supported_fields(0, ALL)  # issue 7: the probe takes the first sample (permission check)
+    assert fake.calls["nvmlGpmSampleGet"] == 1 and fake.calls["nvmlGpmMetricsGet"] == 0
     fake.now += 5.0
     v = backend.read(0, DEFAULTS)[Entity(0)]
     gpm = REC["gpm"]["training"]
@@ -184,7 +183,7 @@ def test_no_library_or_driver_is_a_backend_error_with_a_hint(code: int, needle: 
     fake = FakeNvml()
     fake.init_error = code
     with pytest.raises(BackendError, match=needle):
-        NvmlBackend(fake)
+        NvmlBackend(fake, clock=fake.clock)
 
 
 def test_missing_pynvml_module_is_a_backend_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -224,7 +223,7 @@ def test_xid_events_map_device_to_index_and_timeout_is_empty(fake: FakeNvml, bac
 
 def test_mig_instances_are_enumerated_with_dcgm_profiles_and_read_per_instance() -> None:
     fake = FakeNvml(n_gpus=1, mig={0: [(2, 3, 71), (3, 2, 35), (9, 1, 18)]})
-    b = NvmlBackend(fake)
+    b = NvmlBackend(fake, clock=fake.clock)
     try:
         mig = b.devices()[0].mig
         assert [(m.gpu_instance_id, m.profile) for m in mig] == [
@@ -252,7 +251,7 @@ def test_mig_instances_are_enumerated_with_dcgm_profiles_and_read_per_instance()
 
 
 def test_close_frees_gpm_samples_and_shuts_nvml_down(fake: FakeNvml) -> None:
-    b = NvmlBackend(fake)
+    b = NvmlBackend(fake, clock=fake.clock)
     passes(b, fake, 0, DEFAULTS)
     b.close()
     b.close()
@@ -265,3 +264,129 @@ def test_last_pass_cost_is_recorded_per_gpu(fake: FakeNvml, backend: NvmlBackend
     passes(backend, fake, 1, DEFAULTS)
     assert set(backend.last_pass_us) == {1}
     assert 0 < backend.last_pass_us[1] < 50_000
+
+
+# --- issue 7: GPM permission and pacing, parity with DCGM ------------------------------------------
+
+
+def test_gpm_refused_is_warned_once_with_the_fix_and_listed_unavailable(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeNvml(n_gpus=2)
+    fake.gpm_refused = True  # NVreg_RestrictProfilingToAdminUsers=1 and no CAP_SYS_ADMIN
+    b = NvmlBackend(fake, clock=fake.clock)
+    try:
+        with caplog.at_level("WARNING"):
+            sup0 = b.supported_fields(0, ALL)
+            b.supported_fields(1, ALL)
+        assert not any(f.startswith("DCGM_FI_PROF_") for f in sup0)
+        warned = [r.getMessage() for r in caplog.records if "NO_PERMISSION" in r.getMessage()]
+        assert len(warned) == 1
+        assert "CAP_SYS_ADMIN" in warned[0] and "NVreg_RestrictProfilingToAdminUsers=0" in warned[0]
+        assert b.unavailable(0)["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] == "NO_PERMISSION"
+        assert b.unavailable(1)["DCGM_FI_PROF_PCIE_TX_BYTES"] == "NO_PERMISSION"
+        assert "DCGM_FI_DEV_GPU_UTIL" not in b.unavailable(0)
+    finally:
+        b.close()
+
+
+def test_gpm_new_sample_only_when_the_previous_is_one_interval_old(fake: FakeNvml) -> None:
+    b = NvmlBackend(fake, clock=fake.clock)
+    try:
+        b.set_interval(5.0)
+        b.supported_fields(0, ALL)  # the probe's sample is the first one
+        taken = fake.calls["nvmlGpmSampleGet"]
+        fake.now += 0.01  # cli's first cycle right after the probe
+        first = b.read(0, DEFAULTS)[Entity(0)]
+        assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" not in first  # no ratio from samples 10 ms apart
+        assert fake.calls["nvmlGpmSampleGet"] == taken
+        fake.now += 5.0
+        v = b.read(0, DEFAULTS)[Entity(0)]
+        assert v["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] == pytest.approx(REC["gpm"]["training"]["GRAPHICS_UTIL"] / 100)
+        fake.now += 0.2  # an XID wake-up: the last ratio is served again, no new sample
+        again = b.read(0, DEFAULTS)[Entity(0)]
+        assert again["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] == v["DCGM_FI_PROF_GR_ENGINE_ACTIVE"]
+        assert fake.calls["nvmlGpmSampleGet"] == taken + 1
+    finally:
+        b.close()
+
+
+def test_nvlink_bandwidth_uses_dcgm_arithmetic_and_is_zero_in_the_first_cycle() -> None:
+    fake = FakeNvml(n_gpus=1, nvlink=True)
+    b = NvmlBackend(fake, clock=fake.clock)
+    try:
+        f = frozenset({"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"})
+        assert "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL" in b.supported_fields(0, f)
+        fake.now += 5.0
+        assert b.read(0, f)[Entity(0)]["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"] == 0
+        fake.now += 5.0
+        # DCGM: (KiB delta / seconds) / 1000 = (4000 KiB/s) / 1000
+        assert b.read(0, f)[Entity(0)]["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"] == 4
+    finally:
+        b.close()
+
+
+def test_nvlink_zero_nvml_timestamp_is_replaced_by_now() -> None:
+    fake = FakeNvml(n_gpus=1, nvlink=True)
+    fake.zero_timestamps = True
+    b = NvmlBackend(fake, clock=fake.clock, wall_clock=fake.clock)
+    try:
+        f = frozenset({"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"})
+        fake.now += 5.0
+        b.read(0, f)
+        fake.now += 5.0
+        assert b.read(0, f)[Entity(0)]["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"] == 4
+    finally:
+        b.close()
+
+
+def test_memory_temp_is_read_as_unsigned_int_whatever_type_r545_claims() -> None:
+    fake = FakeNvml(n_gpus=1)
+    fake.memory_temp_type = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+    b = NvmlBackend(fake, clock=fake.clock)
+    try:
+        assert passes(b, fake, 0, DEFAULTS)["DCGM_FI_DEV_MEMORY_TEMP"] == 43
+    finally:
+        b.close()
+
+
+def test_brand_label_is_dcgms_string_not_the_nvml_enum_number(backend: NvmlBackend) -> None:
+    assert backend.labels(0)["DCGM_FI_DEV_BRAND"] == "NVIDIA"  # NVML_BRAND_NVIDIA = 14
+
+
+@pytest.mark.parametrize(
+    ("brand", "text"),
+    [(pynvml.NVML_BRAND_GRID, "Grid"), (pynvml.NVML_BRAND_TESLA, "Tesla"),
+     (pynvml.NVML_BRAND_NVIDIA_VGAMING, "NVIDIA vGaming"),
+     (pynvml.NVML_BRAND_NVIDIA_VCS, "NVIDIA Virtual Compute Server"),
+     (99, "Unknown")],
+)
+def test_brand_strings_follow_dcgm_cache_manager(brand: int, text: str) -> None:
+    from exporter.nvml_fields import brand_name
+
+    assert brand_name(brand) == text
+
+
+def test_pre_r510_driver_without_memory_info_v2_falls_back_to_v1_for_whole_gpus() -> None:
+    fake = FakeNvml(n_gpus=1)
+    fake.pre_r510 = True  # nvmlDeviceGetMemoryInfo_v2 missing: FUNCTION_NOT_FOUND
+    b = NvmlBackend(fake, clock=fake.clock)
+    try:
+        assert {"DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED"} <= b.supported_fields(0, DEFAULTS)
+        v = passes(b, fake, 0, DEFAULTS)
+        m = REC["load"]["memory_v2"]
+        assert v["DCGM_FI_DEV_FB_FREE"] == m["free"] // MIB
+        assert v["DCGM_FI_DEV_FB_USED"] == (m["total"] - m["free"]) // MIB
+        assert v["DCGM_FI_DEV_FB_RESERVED"] == 0
+    finally:
+        b.close()
+
+
+def test_xid_events_unavailable_are_said_and_the_field_is_not_supported(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeNvml(n_gpus=1)
+    fake.fail["nvmlEventSetCreate"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    with caplog.at_level("WARNING"):
+        b = NvmlBackend(fake, clock=fake.clock)
+    try:
+        assert "DCGM_FI_DEV_XID_ERRORS" not in b.supported_fields(0, ALL)
+        assert any("XID" in r.getMessage() and "not published" in r.getMessage() for r in caplog.records)
+    finally:
+        b.close()

@@ -98,3 +98,32 @@ def test_watcher_survives_a_failing_event_source() -> None:
         assert w.errors == 2
     finally:
         w.stop()
+
+
+def test_mig_xid_lands_on_its_gpu_instance_only_and_a_gpu_wide_one_on_every_instance() -> None:
+    s = XidState()
+    s.record(0, 31, 2)  # nvmlEventData_t.gpuInstanceId = 2
+    assert (s.last(0, 1), s.last(0, 2), s.last(0)) == (0, 31, 0)
+    s.record(0, 79)  # GPU-wide, newer: every instance shows it
+    assert (s.last(0, 1), s.last(0, 2)) == (79, 79)
+    s.record(0, 13, 1)
+    assert (s.last(0, 1), s.last(0, 2)) == (13, 79)
+
+
+def test_poll_once_records_a_mig_event_on_its_instance() -> None:
+    src = ScriptedXids()
+    w = XidWatcher(src, timeout_s=0.01)
+    src.push((0, 31, 2))  # type: ignore[arg-type]
+    assert w.poll_once() == 1
+    assert (w.state.last(0, 2), w.state.last(0, 1)) == (31, 0)
+
+
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [(0, "No Error"), (48, "Double Bit ECC Error"), (79, "GPU has fallen off the bus"),
+     (143, "GPU Initialization Failure"), (144, "Unknown Error"), (-1, "Unknown Error")],
+)
+def test_xid_message_is_dcgm_exporter_4_8_2_err_msg_text(code: int, message: str) -> None:
+    from exporter.xid import xid_message
+
+    assert xid_message(code) == message

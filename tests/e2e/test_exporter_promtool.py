@@ -107,7 +107,8 @@ def test_all_default_series_present_with_exact_labels(exporter: tuple[subprocess
         if m is None or not m.group(1).startswith("DCGM_FI_"):
             continue
         names = [pair.split("=", 1)[0] for pair in re.findall(r'(\w+="(?:[^"\\]|\\.)*")', m.group(2))]
-        assert names == LABELS, line
+        xid = m.group(1) == "DCGM_FI_DEV_XID_ERRORS"  # dcgm-exporter 4.8.2 adds err_code, err_msg there
+        assert names == ([*LABELS, "err_code", "err_msg"] if xid else LABELS), line
         assert 'Hostname="node-e2e"' in line
         seen[m.group(1)] = seen.get(m.group(1), 0) + 1
     assert seen == {name: 8 for name in DEFAULT_SERIES}
@@ -117,8 +118,8 @@ def test_all_default_series_present_with_exact_labels(exporter: tuple[subprocess
 def test_self_metrics_present(exporter: tuple[subprocess.Popen[str], int]) -> None:
     _, body = scrape(exporter[1])
     assert body.count("gpu_exporter_device_up{") == 8
-    assert 'backend="simulated"} 1' in body
-    assert "gpu_exporter_last_collection_timestamp_seconds " in body
+    assert 'backend="simulated",Hostname="node-e2e"} 1' in body
+    assert 'gpu_exporter_last_collection_timestamp_seconds{Hostname="node-e2e"} ' in body
 
 
 def test_openmetrics_parses_strictly(exporter: tuple[subprocess.Popen[str], int]) -> None:
