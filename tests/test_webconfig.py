@@ -123,7 +123,7 @@ def test_invalid_configs_name_file_line_and_key(text: str, expected: str) -> Non
 
 
 def test_missing_file_is_an_error_naming_it(tmp_path: Path) -> None:
-    with pytest.raises(WebConfigError, match="nope.yml: cannot read"):
+    with pytest.raises(WebConfigError, match=r"nope\.yml: cannot read"):
         load_web_config(str(tmp_path / "nope.yml"))
 
 
@@ -131,7 +131,7 @@ def test_certificate_that_does_not_load_is_an_error_at_load_time(tmp_path: Path)
     (tmp_path / "bad.crt").write_text("not a pem")
     path = tmp_path / "w.yml"
     path.write_text(f"tls_server_config:\n  cert_file: {tmp_path}/bad.crt\n  key_file: {tmp_path}/bad.crt\n")
-    with pytest.raises(WebConfigError, match="tls_server_config.cert_file: cannot load certificate/key"):
+    with pytest.raises(WebConfigError, match=r"tls_server_config\.cert_file: cannot load certificate/key"):
         load_web_config(str(path))
 
 
