@@ -270,3 +270,72 @@ def test_in_process_run_serves_then_stops_cleanly(capsys: pytest.CaptureFixture[
         t.join(timeout=10)
     assert result == [EXIT_OK]
     assert be.closed
+
+
+def test_bad_web_config_exits_2_naming_file_line_and_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    web = tmp_path / "web.yml"
+    web.write_text("tls_server_config:\n  cert_file: a\n  key_file: b\n  cipher_suites: [X]\n")
+    be = FakeBackend(n=1)
+    assert main(["--web-config-file", str(web)], backend_factory=lambda _: be) == EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"gpu-exporter: error: {web}:4: tls_server_config.cipher_suites: cipher suite selection is "
+                   "not supported by gpu-exporter; remove the key"]
+
+
+def test_web_config_from_dcgm_env_is_read_never_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DCGM_EXPORTER_WEB_CONFIG_FILE", str(tmp_path / "missing.yml"))
+    assert main([], backend_factory=lambda _: FakeBackend(n=1)) == EXIT_USAGE
+    assert "missing.yml: cannot read" in capsys.readouterr().err
+
+
+def test_devices_id_that_does_not_exist_exits_2_and_closes_the_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    be = FakeBackend(n=2)
+    assert main(["-d", "g:5"], backend_factory=lambda _: be) == EXIT_USAGE
+    assert "no GPU 5 on this node (it has 0, 1)" in capsys.readouterr().err
+    assert be.closed
+
+
+def run_briefly(argv: list[str], be: GpuBackend) -> tuple[int, str]:
+    """Run main in process until it serves one scrape, then stop; returns (port, /metrics body)."""
+    port = free_port()
+    stop = threading.Event()
+    result: list[int] = []
+    t = threading.Thread(target=lambda: result.append(
+        main(["--listen", f"127.0.0.1:{port}", "--interval", "100ms", *argv], stop, backend_factory=lambda _: be)))
+    t.start()
+    try:
+        def up() -> bool:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    return True
+            except OSError:
+                return bool(result)
+        assert wait_until(up, timeout=10), result
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.request("GET", "/metrics")
+        body = conn.getresponse().read().decode()
+        conn.close()
+    finally:
+        stop.set()
+        t.join(timeout=10)
+    assert result == [EXIT_OK]
+    return port, body
+
+
+def test_devices_selection_limits_the_served_gpus() -> None:
+    _, body = run_briefly(["-d", "g:1", "--no-hostname"], FakeBackend(n=3))
+    gpus = {ln.split('gpu="')[1].split('"')[0] for ln in body.splitlines() if ln.startswith("DCGM_FI_DEV_GPU_UTIL{")}
+    assert gpus == {"1"}
+
+
+def test_not_applicable_flags_warn_once_in_the_chosen_log_format(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    run_briefly(["-m", "ns:cm", "-r", "host:5555", "--log-format", "json"], FakeBackend(n=1))
+    records = [json.loads(ln) for ln in capsys.readouterr().err.splitlines() if ln.startswith("{")]
+    warned = [r["msg"] for r in records if r["level"] == "warning" and "dcgm-exporter flag" in r["msg"]]
+    assert len(warned) == 2
+    assert warned[0].startswith("--configmap-data=ns:cm") and warned[1].startswith("--remote-hostengine-info=host:5555")
+    assert all(r["ts"].endswith("Z") and r["logger"] for r in records)
