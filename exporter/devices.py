@@ -149,11 +149,17 @@ class FilteredBackend:
         kept = self._kept.get(gpu, frozenset())
         return {e: v for e, v in data.items() if e.gpu_instance_id is None or e.gpu_instance_id in kept}
 
-    def wait_xid(self, timeout_s: float) -> list[tuple[int, int]]:
+    def wait_xid(self, timeout_s: float) -> Any:  # the backend's event type: (gpu, xid[, GPU instance id])
         events = self._backend.wait_xid(timeout_s)
         if self._selection.everything:
             return events
-        return [(gpu, xid) for gpu, xid in events if gpu in self._kept]
+        return [e for e in events if self._selected_event(tuple(e))]
+
+    def _selected_event(self, event: tuple[int, ...]) -> bool:
+        kept = self._kept.get(event[0])
+        if kept is None:
+            return False
+        return len(event) < 3 or self._selection.kind != "i" or event[2] in kept
 
     def close(self) -> None:
         self._backend.close()

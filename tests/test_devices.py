@@ -35,7 +35,7 @@ NODE = [gpu(0), gpu(1, 2, 1), gpu(2, 0), gpu(3)]
 @dataclass
 class Backend:
     devs: list[DeviceInfo] = field(default_factory=lambda: list(NODE))
-    xids: list[tuple[int, int]] = field(default_factory=list)
+    xids: list[tuple[int, ...]] = field(default_factory=list)
     closed: bool = False
 
     def driver_version(self) -> str:
@@ -54,7 +54,7 @@ class Backend:
         return {Entity(gpu, m.gpu_instance_id): {"DCGM_FI_DEV_FB_USED": m.gpu_instance_id} for m in d.mig}
 
     def wait_xid(self, timeout_s: float) -> list[tuple[int, int]]:
-        return list(self.xids)
+        return list(self.xids)  # type: ignore[arg-type]  # (gpu, xid, GPU instance id) events too
 
     def close(self) -> None:
         self.closed = True
@@ -153,6 +153,12 @@ def test_filtered_backend_lists_reads_and_forwards_xids_of_selected_devices_only
     assert f.extra_method() == "passed through"
     f.close()
     assert be.closed
+
+
+def test_filtered_backend_i_forwards_xids_of_selected_gpu_instances_only() -> None:
+    be = Backend(xids=[(1, 48, 2), (1, 48, 1), (2, 79, 0), (1, 13)])
+    f = apply(be, parse_devices("i:1"))  # GPU 1, GPU instance 2
+    assert f.wait_xid(0.0) == [(1, 48, 2), (1, 13)]
 
 
 def test_filtered_backend_g_passes_reads_through_and_drops_other_gpus_xids() -> None:
