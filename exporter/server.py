@@ -7,7 +7,8 @@ so it costs about what serving a static file costs. HTTP/1.1 keep-alive; access 
 dcgm-exporter 4.8.2 does (DCGM counters lack ``_total``, so OpenMetrics would type them
 ``unknown``); with ``openmetrics=True`` (``--enable-openmetrics``) a scraper that asks gets it.
 With a web config (``exporter.webconfig``) connections are TLS and/or need basic auth on every
-path, probes included, as exporter-toolkit does (NVIDIA's chart then probes with ``tcpSocket``).
+path, probes included, as exporter-toolkit does (NVIDIA's chart then probes with ``tcpSocket``);
+changed certificates or users apply without a restart (``exporter.webreload``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 from exporter.render import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
-from exporter.webconfig import BasicAuth, WebConfig
+from exporter.webconfig import WebConfig
+from exporter.webreload import Active, LiveWebConfig
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +69,7 @@ class _Handler(BaseHTTPRequestHandler):
     # set on the subclass made per server:
     source: ExpositionSource
     openmetrics: bool = False
-    auth: BasicAuth = BasicAuth({})
-    extra_headers: tuple[tuple[str, str], ...] = ()
+    _active: Active | None = None
 
     def setup(self) -> None:
         super().setup()  # applies the timeout, which then bounds the TLS handshake too
@@ -76,7 +77,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.do_handshake()
 
     def do_GET(self) -> None:
-        if not self.auth.check(self.headers.get("Authorization")):
+        self._active = self.server.live.current()  # type: ignore[attr-defined]
+        if not self._active.auth.check(self.headers.get("Authorization")):
             self._send(401, b"Unauthorized\n", TEXT_PLAIN, (("WWW-Authenticate", 'Basic realm="gpu-exporter"'),))
             return
         path = self.path.split("?", 1)[0]
@@ -102,7 +104,7 @@ class _Handler(BaseHTTPRequestHandler):
     ) -> None:
         """Status, headers and body in one write (no Nagle/delayed-ACK stall between them)."""
         self.log_request(code)
-        extra = self.extra_headers + headers
+        extra = (self._active.headers if self._active is not None else ()) + headers
         lines = [
             f"HTTP/1.1 {code} {self.responses[code][0]}",
             f"Content-Type: {content_type}",
@@ -124,15 +126,16 @@ class _Handler(BaseHTTPRequestHandler):
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
-    ssl_context: ssl.SSLContext | None = None
+    live: LiveWebConfig
 
     def get_request(self) -> tuple[Any, Any]:
         """With TLS, wrap the accepted socket; the handshake runs on the connection's own thread
         (bounded by the handler's timeout), so a slow client never blocks accepting others."""
         sock, addr = self.socket.accept()
-        if self.ssl_context is None:
+        ctx = self.live.current().ssl_context
+        if ctx is None:
             return sock, addr
-        return self.ssl_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
+        return ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
 
     def handle_error(self, request: object, client_address: object) -> None:
         """A scraper hanging up or failing the TLS handshake is routine: one DEBUG line."""
@@ -157,17 +160,14 @@ class Server:
         web: WebConfig | None = None,
         *,
         openmetrics: bool = False,
+        reload_check_s: float = 5.0,
     ) -> None:
-        web = web if web is not None else WebConfig()
-        ssl_context = web.ssl_context()
-        handler = type("Handler", (_Handler,), {
-            "source": source, "openmetrics": openmetrics, "auth": BasicAuth(web.users),
-            "extra_headers": web.headers,
-        })
+        self.web = LiveWebConfig(web if web is not None else WebConfig(), check_s=reload_check_s)
+        handler = type("Handler", (_Handler,), {"source": source, "openmetrics": openmetrics})
         cls = _HTTP6Server if ":" in address[0] else _HTTPServer
         self._httpd = cls(address, handler)
-        self._httpd.ssl_context = ssl_context
-        self._tls = ssl_context is not None
+        self._httpd.live = self.web
+        self._tls = self.web.tls
         self._thread: threading.Thread | None = None
 
     @property

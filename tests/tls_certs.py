@@ -51,3 +51,10 @@ def make_certs(d: Path) -> Certs:
     _leaf(d, "rogue", "rogue-ca", "extendedKeyUsage=clientAuth\n")
     return Certs(d / "ca.crt", d / "server.crt", d / "server.key", d / "client.crt", d / "client.key",
                  d / "rogue.crt", d / "rogue.key")
+
+
+def another_server_cert(certs: Certs, name: str) -> tuple[Path, Path]:
+    """A second server certificate for 127.0.0.1 from the same CA (a rotation)."""
+    d = certs.ca.parent
+    _leaf(d, name, "ca", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
+    return d / f"{name}.crt", d / f"{name}.key"
