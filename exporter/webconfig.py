@@ -14,7 +14,8 @@ client falls back to); ``basic_auth_users`` (bcrypt hashes, checked with the ``b
 Refused: ``cipher_suites``, ``curve_preferences``, ``client_allowed_sans``, ``rate_limit``, and the
 ``RequestClientCert``/``RequireAnyClientCert`` policies (they accept unverified certificates).
 
-The file is read once at start (the toolkit re-reads it per request); restart to apply changes.
+The file is checked at start (a bad file stops the exporter); later changes are picked up by
+``exporter.webreload`` (the toolkit re-reads it per request).
 """
 
 from __future__ import annotations
