@@ -1,8 +1,8 @@
 """``gpu-exporter``: wire settings, counters, backend, collector, XID watcher and HTTP server.
 
-Exit codes: 0 clean stop (SIGTERM/SIGINT), 1 cannot listen, 2 bad flag/env value or bad
-collectors CSV, 3 the backend cannot start (no NVML with ``--backend nvml``: never a silent
-fallback to simulated data).
+Exit codes: 0 clean stop (SIGTERM/SIGINT), 1 cannot listen, 2 bad flag/env value, bad
+collectors CSV, bad web config or a ``-d`` id that does not exist, 3 the backend cannot start (no
+NVML with ``--backend nvml``: never a silent fallback to simulated data).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
+from exporter import devices as device_selection
 from exporter.backend import BackendError, GpuBackend
 from exporter.collector import XID_ERRORS, Collector
 from exporter.counters_csv import CountersError, filter_supported, load_counters
@@ -23,7 +24,9 @@ from exporter.fields import FIELDS
 from exporter.render import PodLabels
 from exporter.server import Server
 from exporter.settings import Settings, SettingsError, load_settings
+from exporter.webconfig import WebConfig, WebConfigError, load_web_config
 from exporter.xid import XidState, XidWatcher
+from telemetry_common import logs
 
 log = logging.getLogger("exporter")
 
@@ -45,10 +48,23 @@ def make_backend(settings: Settings) -> GpuBackend:
     return cast(GpuBackend, cls())
 
 
-def _pod_source(settings: Settings) -> tuple[Callable[[], Mapping[str, PodLabels]], Callable[[], int], Any]:
+PodsFn = Callable[[], Mapping[str, Sequence[PodLabels]]]
+
+
+def _pod_source(settings: Settings, backend: GpuBackend) -> tuple[PodsFn, Callable[[], int], Any]:
+    """The kubelet source, refreshing on its own thread: the collector's call never waits on it."""
     k8s: Any = importlib.import_module("exporter.kubernetes")
-    # A hung kubelet must not hold a collection cycle longer than one interval.
-    src = k8s.PodResourcesSource(settings.pod_resources_socket, timeout=min(10.0, max(0.5, settings.interval_s)))
+    src = k8s.PodResourcesSource(
+        settings.pod_resources_socket,
+        timeout=min(10.0, max(0.5, settings.interval_s)),
+        resource_names=tuple(dict.fromkeys(k8s.DEFAULT_RESOURCE_NAMES + settings.nvidia_resource_names)),
+        devices=backend.devices,
+        id_type=settings.kubernetes_gpu_id_type,
+        virtual_gpus=settings.kubernetes_virtual_gpus,
+        refresh_s=settings.interval_s,
+        max_age_s=settings.pod_attribution_max_age_s,
+    )
+    src.start()
     return src.get, lambda: int(src.errors), src
 
 
@@ -71,18 +87,31 @@ def main(
     except SettingsError as exc:
         print(f"gpu-exporter: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logs.configure(settings.log_format, settings.log_level, sys.stderr)
+    for warning in settings.warnings:
+        log.warning(warning)
     try:
         specs = load_counters(settings.collectors)
-    except CountersError as exc:
+        web = load_web_config(settings.web_config_file) if settings.web_config_file else WebConfig()
+    except (CountersError, WebConfigError) as exc:
         print(f"gpu-exporter: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
         backend = backend_factory(settings)
+    except BackendError as exc:
+        print(f"gpu-exporter: error: {settings.backend} backend: {exc}", file=sys.stderr)
+        return EXIT_BACKEND
+    try:
+        backend = device_selection.apply(backend, settings.devices, settings.devices_source)
+    except device_selection.DeviceSelectionError as exc:
+        print(f"gpu-exporter: error: {exc}", file=sys.stderr)
+        backend.close()
+        return EXIT_USAGE
+    except BackendError as exc:
+        print(f"gpu-exporter: error: {settings.backend} backend: {exc}", file=sys.stderr)
+        backend.close()
+        return EXIT_BACKEND
+    try:
         devices = backend.devices()
         wanted = [s.field for s in specs if s.kind != "label"]
         supported = {d.index: backend.supported_fields(d.index, wanted) for d in devices}
@@ -92,11 +121,11 @@ def main(
     union = set().union(*supported.values()) | {XID_ERRORS}
     specs = filter_supported(specs, union, log)
 
-    pods: Callable[[], Mapping[str, PodLabels]] | None = None
+    pods: PodsFn | None = None
     kubelet_errors: Callable[[], int] | None = None
     pod_src: Any = None
     if settings.kubernetes:
-        pods, kubelet_errors, pod_src = _pod_source(settings)
+        pods, kubelet_errors, pod_src = _pod_source(settings, backend)
     xids = XidState()
     try:
         collector = Collector(
@@ -109,14 +138,15 @@ def main(
         )
     except BackendError as exc:
         print(f"gpu-exporter: error: {settings.backend} backend: {exc}", file=sys.stderr)
+        _close(pod_src, backend)
         return EXIT_BACKEND
     collector.collect_once()  # the first scrape already has data
     try:
-        server = Server(settings.listen, collector)
+        server = Server(settings.listen, collector, web, openmetrics=settings.openmetrics)
     except OSError as exc:
         print(f"gpu-exporter: error: cannot listen on {settings.listen_host}:{settings.listen_port}: {exc}",
               file=sys.stderr)
-        backend.close()
+        _close(pod_src, backend)
         return EXIT_RUNTIME
     watcher = XidWatcher(backend, collector.wake, xids)
     stop = stop if stop is not None else threading.Event()
@@ -125,7 +155,8 @@ def main(
     watcher.start()
     server.start()
     print(f"gpu-exporter: serving {server.url}/metrics ({len(devices)} GPUs, {settings.backend} backend, "
-          f"every {settings.interval_s:g}s; health at {server.url}/health)", flush=True)
+          f"every {settings.interval_s:g}s; liveness at {server.url}/health, readiness at {server.url}/ready)",
+          flush=True)
     try:
         stop.wait()
     finally:
@@ -133,10 +164,14 @@ def main(
         server.stop()
         watcher.stop()
         collector.stop()
-        if pod_src is not None:
-            pod_src.close()
-        backend.close()
+        _close(pod_src, backend)
     return EXIT_OK
+
+
+def _close(pod_src: Any, backend: GpuBackend) -> None:
+    if pod_src is not None:
+        pod_src.close()
+    backend.close()
 
 
 if __name__ == "__main__":

@@ -1,46 +1,66 @@
-"""Pod attribution: which pod holds which GPU, from the kubelet PodResources v1 API.
+"""Pod attribution: which pods hold which GPU, from the kubelet PodResources v1 API.
 
-The collector calls ``PodResourcesSource.get()`` once per collection cycle (never on the scrape
-path) and adds ``pod``, ``namespace``, ``container`` to the series of the GPUs (or MIG instances)
-in the answer. Like dcgm-exporter, pod attribution is best effort: nothing here ever raises into
-the collector, and a kubelet problem costs the pod labels, never the scrape.
+A background thread (``PodResourcesSource.start()``) asks the kubelet every ``refresh_s``; the
+collector's ``get()`` only reads the last good answer, so a slow or hung kubelet never delays a
+GPU collection cycle. Like dcgm-exporter, attribution is best effort: nothing here raises into the
+collector, and a kubelet problem costs the pod labels, never the scrape.
 
-Decisions (see also ``PodResourcesSource``):
+Decisions:
 
 * Keys are what NVML reports: the GPU UUID (``GPU-...``) or the MIG device UUID (``MIG-...``).
-  The device plugin's time-slicing / MPS replica suffix ``::N`` is stripped (``parse_device_id``).
-* Shared GPUs (time-slicing, MPS): several pods hold replicas of one GPU, but the map is
-  device -> one holder, so the last container in the kubelet's answer wins. That is what
-  dcgm-exporter does without ``--kubernetes-virtual-gpus``; per-pod shares of one GPU cannot be
-  told apart from device counters anyway.
-* Legacy MIG ids (``MIG-GPU-<uuid>/<gi>/<ci>``), GKE ids (``nvidia0/gi1``) and DRA claims
-  (``dynamic_resources``) are not translated: such ids are kept as they are and simply match no
-  NVML UUID.
-* Failure policy: after a failed call (socket missing, gRPC error, timeout) the last good answer
-  is served for at most ``grace_cycles`` (default 1) more cycles, then ``{}``. One failed cycle
-  (a kubelet restart) then does not strip and re-add pod labels, which would start new series in
-  Prometheus and in AMP; a longer outage drops the labels rather than attribute GPUs to pods that
-  may have gone.
+  The kubelet's device ids are translated with a lookup table built from the device list
+  (``DeviceKeys``), following dcgm-exporter 4.8.2 ``internal/pkg/transformation/kubernetes.go``
+  (``toDeviceToPod``, ``toDeviceToSharingPods``, ``gkeMigDeviceIDRegex``):
+
+  - ``GPU-<uuid>`` and ``GPU-<uuid>::N`` (time-slicing / MPS replica): the GPU, with
+    ``--kubernetes-gpu-id-type uid`` (the default);
+  - ``nvidia<N>`` and GKE's ``nvidia<N>/vgpu<M>``: GPU index N, with ``device-name``;
+  - ``MIG-<uuid>`` (``::N`` stripped): that MIG device, whatever the id type;
+  - legacy ``MIG-GPU-<uuid>/<gi>/<ci>``: the MIG device of GPU instance ``gi`` on that GPU;
+  - GKE ``nvidia<N>/gi<G>`` (optionally ``/vgpu<M>``): GPU instance G on GPU index N.
+
+  Anything else (DRA claims, other vendors' ids) matches no GPU and is dropped.
+* Shared GPUs (time-slicing, MPS): with ``virtual_gpus`` (``--kubernetes-virtual-gpus``) every pod
+  holding a share is returned (one series per pod, as dcgm-exporter's flag does); without it one
+  holder is chosen deterministically (the first by namespace, pod, container), never by the
+  kubelet's List order, which changes between calls and would flap the labels.
+* Failure policy: the last good answer is served for at most ``max_age_s`` (default 5 min) after
+  the last successful call, then ``{}``: a kubelet restart does not strip and re-add pod labels
+  (new series in Prometheus and AMP), and a long outage drops the labels rather than attribute
+  GPUs to pods that may have gone. Each failed call counts in ``errors``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
 import threading
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 
+from exporter.backend import DeviceInfo
 from exporter.proto import podresources_v1_pb2 as pb
 from exporter.proto import podresources_v1_pb2_grpc as pb_grpc
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+DEFAULT_RESOURCE_NAMES = ("nvidia.com/gpu",)  # dcgm-exporter appconfig.NvidiaResourceName
+DEFAULT_RESOURCE_PREFIXES = ("nvidia.com/mig-",)  # dcgm-exporter appconfig.NvidiaMigResourcePrefix
+GPU_ID_TYPES = ("uid", "device-name")  # dcgm-exporter appconfig.GPUUID, appconfig.DeviceName
+GpuIdType = Literal["uid", "device-name"]
 _MAX_RECEIVE_BYTES = 16 * 1024 * 1024  # same as the kubelet's own podresources client
+_GKE_MIG = re.compile(r"^nvidia([0-9]+)/gi([0-9]+)(?:/vgpu[0-9]+)?$")
+_GKE_VGPU = re.compile(r"^(nvidia[0-9]+)/vgpu[0-9]+$")
+_DEVICE_NAME = re.compile(r"^nvidia([0-9]+)$")
+_LEGACY_MIG = re.compile(r"^MIG-(GPU-[^/]+)/([0-9]+)/([0-9]+)$")
 _LOG = logging.getLogger(__name__)
+
+PodMap = dict[str, tuple["PodInfo", ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,103 +72,200 @@ class PodInfo:
     container: str
 
 
-def parse_device_id(device_id: str) -> str:
-    """The NVML key of a device id from the kubelet.
+def holder_order(info: PodInfo) -> tuple[str, str, str]:
+    """The deterministic order of a shared GPU's holders: namespace, pod, container."""
+    return (info.namespace, info.pod, info.container)
 
-    ``"GPU-<uuid>::3"`` -> ``"GPU-<uuid>"`` (time-slicing / MPS replica),
-    ``"MIG-<uuid>::1"`` -> ``"MIG-<uuid>"``; any other id is returned unchanged.
-    """
+
+@dataclass(frozen=True, slots=True)
+class DeviceKeys:
+    """The lookup from kubelet device ids to NVML keys, built from the device list."""
+
+    by_index: Mapping[int, str]  # NVML index -> GPU UUID
+    mig: Mapping[tuple[str, int], str]  # (GPU UUID, GPU instance id) -> MIG UUID
+
+    @classmethod
+    def from_devices(cls, devices: Iterable[DeviceInfo]) -> DeviceKeys:
+        by_index: dict[int, str] = {}
+        mig: dict[tuple[str, int], str] = {}
+        for d in devices:
+            by_index[d.index] = d.uuid
+            for m in d.mig:
+                mig[(d.uuid, m.gpu_instance_id)] = m.uuid
+        return cls(by_index, mig)
+
+
+NO_DEVICES = DeviceKeys({}, {})
+
+
+def strip_replica(device_id: str) -> str:
+    """``"GPU-<uuid>::3"`` -> ``"GPU-<uuid>"`` (time-slicing / MPS replica); else unchanged."""
     head, sep, tail = device_id.rpartition("::")
     if sep and head and tail.isdigit():
         return head
     return device_id
 
 
-def _wanted(resource: str, names: frozenset[str], prefixes: tuple[str, ...]) -> bool:
-    return resource in names or resource.startswith(prefixes)
+def resolve_device_id(device_id: str, keys: DeviceKeys, id_type: GpuIdType = "uid") -> str | None:
+    """The NVML key (GPU or MIG UUID) a kubelet device id names, or None when it names none."""
+    device_id = strip_replica(device_id)
+    if m := _LEGACY_MIG.match(device_id):
+        return keys.mig.get((m.group(1), int(m.group(2))))
+    if device_id.startswith("MIG-"):
+        return device_id
+    if m := _GKE_MIG.match(device_id):
+        gpu = keys.by_index.get(int(m.group(1)))
+        return None if gpu is None else keys.mig.get((gpu, int(m.group(2))))
+    if id_type == "uid":
+        return device_id if device_id.startswith("GPU-") else None
+    if m := _GKE_VGPU.match(device_id):
+        device_id = m.group(1)
+    if m := _DEVICE_NAME.match(device_id):
+        return keys.by_index.get(int(m.group(1)))
+    return None
 
 
 def map_pod_resources(
-    pods: Iterable[pb.PodResources], resource_names: Iterable[str], resource_prefixes: Iterable[str]
-) -> dict[str, PodInfo]:
-    """Device key -> holder for the GPU resources in a List answer. Pure; later containers win."""
+    pods: Iterable[pb.PodResources],
+    keys: DeviceKeys = NO_DEVICES,
+    *,
+    resource_names: Iterable[str] = DEFAULT_RESOURCE_NAMES,
+    resource_prefixes: Iterable[str] = DEFAULT_RESOURCE_PREFIXES,
+    id_type: GpuIdType = "uid",
+    virtual_gpus: bool = False,
+) -> PodMap:
+    """Device key -> holders (sorted; only the first without ``virtual_gpus``). Pure."""
     names = frozenset(resource_names)
     prefixes = tuple(resource_prefixes)
-    out: dict[str, PodInfo] = {}
+    holders: dict[str, set[PodInfo]] = {}
     for pod in pods:
         for container in pod.containers:
             info = PodInfo(pod=pod.name, namespace=pod.namespace, container=container.name)
             for devices in container.devices:
-                if not _wanted(devices.resource_name, names, prefixes):
+                if devices.resource_name not in names and not devices.resource_name.startswith(prefixes):
                     continue
                 for device_id in devices.device_ids:
-                    out[parse_device_id(device_id)] = info
+                    key = resolve_device_id(device_id, keys, id_type)
+                    if key is not None:
+                        holders.setdefault(key, set()).add(info)
+    out: PodMap = {}
+    for key, infos in holders.items():
+        ordered = tuple(sorted(infos, key=holder_order))
+        out[key] = ordered if virtual_gpus else ordered[:1]
     return out
 
 
 class PodResourcesSource:
     """Asks the kubelet who holds which GPU, over one reused gRPC channel on its unix socket.
 
-    ``get()`` never raises. ``errors`` counts failed cycles (socket missing or unusable, gRPC
-    error, timeout) for a self-metric. A problem is logged once when it starts (and again when it
-    changes), and recovery is logged once; a persisting problem is not logged every cycle.
-    After a failed call the channel is rebuilt on the next cycle, so a restarted kubelet is picked
-    up at once instead of after gRPC's reconnect backoff (up to two minutes).
-
-    ``get()`` is called by one thread (the collector's); ``close()`` may come from any thread and
-    cancels a call in flight. Keep ``timeout`` under the collection interval: a hung kubelet
-    delays the cycle by up to ``timeout``.
+    ``refresh()`` makes one List call (bounded by ``timeout``) and never raises; ``start()`` runs
+    it every ``refresh_s`` on a daemon thread; ``get()`` returns the last good answer at once.
+    A problem is logged once when it starts (and again when it changes), recovery once. After a
+    failed call the channel is rebuilt, so a restarted kubelet is picked up at once instead of
+    after gRPC's reconnect backoff (up to two minutes). ``close()`` cancels a call in flight.
     """
 
     def __init__(
         self,
         socket_path: str = DEFAULT_SOCKET,
         timeout: float = 10.0,
-        resource_names: Sequence[str] = ("nvidia.com/gpu",),
-        resource_prefixes: Sequence[str] = ("nvidia.com/mig-",),
+        resource_names: Sequence[str] = DEFAULT_RESOURCE_NAMES,
+        resource_prefixes: Sequence[str] = DEFAULT_RESOURCE_PREFIXES,
         log: logging.Logger = _LOG,
-        grace_cycles: int = 1,
+        *,
+        devices: Callable[[], Iterable[DeviceInfo]] = lambda: (),
+        id_type: GpuIdType = "uid",
+        virtual_gpus: bool = False,
+        refresh_s: float = 5.0,
+        max_age_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
-        if grace_cycles < 0:
-            raise ValueError(f"grace_cycles must be >= 0, got {grace_cycles!r}")
+        if refresh_s <= 0:
+            raise ValueError(f"refresh_s must be positive, got {refresh_s!r}")
+        if max_age_s < 0:
+            raise ValueError(f"max_age_s must be >= 0, got {max_age_s!r}")
+        if id_type not in GPU_ID_TYPES:
+            raise ValueError(f"id_type must be one of {', '.join(GPU_ID_TYPES)}, got {id_type!r}")
         self.socket_path = socket_path
         self.timeout = timeout
         self.resource_names = tuple(resource_names)
         self.resource_prefixes = tuple(resource_prefixes)
-        self.grace_cycles = grace_cycles
+        self.id_type: GpuIdType = id_type
+        self.virtual_gpus = virtual_gpus
+        self.refresh_s = refresh_s
+        self.max_age_s = max_age_s
         self.errors = 0
+        self._devices = devices
+        self._clock = clock
         self._log = log
         self._lock = threading.Lock()
         self._channel: Any = None
         self._list: Any = None
         self._closed = False
         self._problem: str | None = None
-        self._last: dict[str, PodInfo] = {}
-        self._failed_cycles = 0
+        self._last: PodMap = {}
+        self._last_ok: float | None = None
+        self._stop = threading.Event()
+        self._first = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def get(self) -> dict[str, PodInfo]:
-        """Device key (GPU or MIG UUID) -> who holds it; ``{}`` when unknown. Never raises."""
+    def get(self) -> PodMap:
+        """Device key (GPU or MIG UUID) -> holders; ``{}`` when unknown or too old. Never blocks."""
+        with self._lock:
+            if self._closed or self._last_ok is None or self._clock() - self._last_ok > self.max_age_s:
+                return {}
+            return dict(self._last)
+
+    def refresh(self) -> bool:
+        """One List call; True when it succeeded. Never raises."""
         if self._closed:
-            return {}
+            return False
         try:
             problem, detail = self._socket_problem()
             if problem is None:
-                mapping, problem, detail = self._call()
+                pods, problem, detail = self._call()
                 if problem is None:
-                    return self._succeeded(mapping)
-        except Exception as exc:  # never fail the collection cycle
+                    keys = DeviceKeys.from_devices(self._devices())
+                    mapping = map_pod_resources(
+                        pods, keys, resource_names=self.resource_names, resource_prefixes=self.resource_prefixes,
+                        id_type=self.id_type, virtual_gpus=self.virtual_gpus,
+                    )
+                    self._succeeded(mapping)
+                    return True
+        except Exception as exc:  # never let the refresher die
             problem, detail = "unexpected error", repr(exc)
-        return self._failed(problem, detail)
+        self._failed(problem, detail)
+        return False
+
+    def start(self) -> None:
+        """Refresh now and then every ``refresh_s`` on a daemon thread, until ``close()``."""
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(target=self._run, name="kubelet-pods", daemon=True)
+            self._thread.start()
+
+    def wait_first(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the first refresh to finish (either way)."""
+        return self._first.wait(timeout)
 
     def close(self) -> None:
-        """Close the channel (cancels a call in flight). ``get()`` afterwards returns ``{}``."""
+        """Stop the refresher, close the channel (cancels a call in flight); ``get()`` is ``{}``."""
+        self._stop.set()
         with self._lock:
             self._closed = True
             self._drop_channel_locked()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5.0)
 
     # -- internals -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.refresh()
+            self._first.set()
+            self._stop.wait(self.refresh_s)
 
     def _socket_problem(self) -> tuple[str | None, str]:
         try:
@@ -161,10 +278,10 @@ class PodResourcesSource:
             return "not a socket", f"{self.socket_path} is not a unix socket"
         return None, ""
 
-    def _call(self) -> tuple[dict[str, PodInfo], str | None, str]:
+    def _call(self) -> tuple[Sequence[pb.PodResources], str | None, str]:
         with self._lock:
             if self._closed:
-                return {}, "closed", "the source was closed"
+                return (), "closed", "the source was closed"
             if self._list is None:
                 target = "unix://" + os.path.abspath(self.socket_path)
                 self._channel = grpc.insecure_channel(
@@ -181,9 +298,8 @@ class PodResourcesSource:
             details = exc.details() if hasattr(exc, "details") else str(exc)
             with self._lock:
                 self._drop_channel_locked()
-            return {}, f"List failed: {name}", f"{name}: {details}"
-        mapping = map_pod_resources(response.pod_resources, self.resource_names, self.resource_prefixes)
-        return mapping, None, ""
+            return (), f"List failed: {name}", f"{name}: {details}"
+        return response.pod_resources, None, ""
 
     def _drop_channel_locked(self) -> None:
         if self._channel is not None:
@@ -191,24 +307,19 @@ class PodResourcesSource:
         self._channel = None
         self._list = None
 
-    def _succeeded(self, mapping: dict[str, PodInfo]) -> dict[str, PodInfo]:
+    def _succeeded(self, mapping: PodMap) -> None:
+        with self._lock:
+            self._last = mapping
+            self._last_ok = self._clock()
         if self._problem is not None:
             self._log.info("kubelet pod-resources: recovered, %d GPU devices attributed", len(mapping))
             self._problem = None
-        self._failed_cycles = 0
-        self._last = mapping
-        return dict(mapping)
 
-    def _failed(self, problem: str, detail: str) -> dict[str, PodInfo]:
+    def _failed(self, problem: str, detail: str) -> None:
         self.errors += 1
-        self._failed_cycles += 1
         if problem != self._problem:
             self._log.warning(
-                "kubelet pod-resources: %s (%s); GPU series carry no pod labels until it recovers",
-                problem,
-                detail,
+                "kubelet pod-resources: %s (%s); keeping the last pod attribution for up to %gs",
+                problem, detail, self.max_age_s, extra={"reason": problem},
             )
             self._problem = problem
-        if self._failed_cycles > self.grace_cycles:
-            self._last = {}
-        return dict(self._last)

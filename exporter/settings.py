@@ -1,8 +1,14 @@
 """gpu-exporter settings: flags + environment -> one frozen ``Settings``.
 
 Precedence is one rule: flag > ``GPU_EXPORTER_<FLAG>`` env > dcgm-exporter's env name > default.
-dcgm-exporter's short flags and long names (``-f``, ``-a/--address``, ``-c/--collect-interval`` in
-ms, ``-k``, ``-n``, ``--pod-resources-kubelet-socket``) are accepted too, so its DaemonSet args work.
+Flag names, aliases and env names follow dcgm-exporter 4.8.2 ``pkg/cmd/app.go`` (``NewApp``), so
+its DaemonSet args and NVIDIA's Helm chart work unchanged. Its flags that have no meaning here
+(no DCGM hostengine, no ConfigMap API client, ...) are accepted and each named in one warning at
+start (``Settings.warnings``), never silently dropped.
+
+Durations: ``--interval`` / ``GPU_EXPORTER_INTERVAL`` take ``5s``, ``500ms``, ``1m`` (a bare number
+is an error, as in the relay); ``-c/--collect-interval`` and ``DCGM_EXPORTER_INTERVAL`` are
+milliseconds, as in dcgm-exporter.
 """
 
 from __future__ import annotations
@@ -13,10 +19,14 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from exporter.devices import ALL as ALL_DEVICES
+from exporter.devices import DeviceSelection, DeviceSelectionError, parse_devices
+from telemetry_common.logs import LOG_FORMATS, LOG_LEVELS
+
 DEFAULT_LISTEN = "127.0.0.1:9400"
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 BACKENDS = ("nvml", "simulated")
-LOG_LEVELS = ("debug", "info", "warning", "error")
+GPU_ID_TYPES = ("uid", "device-name")
 
 
 class SettingsError(ValueError):
@@ -41,42 +51,139 @@ class Settings:
     pod_resources_socket: str
     hostname: str | None  # None with --no-hostname
     log_level: str
+    log_format: str = "text"
+    devices: DeviceSelection = ALL_DEVICES
+    devices_source: str = "--devices"
+    web_config_file: str | None = None
+    kubernetes_gpu_id_type: str = "uid"
+    nvidia_resource_names: tuple[str, ...] = ()
+    kubernetes_virtual_gpus: bool = False
+    pod_attribution_max_age_s: float = 300.0
+    openmetrics: bool = False
+    warnings: tuple[str, ...] = ()  # dcgm-exporter flags accepted but not applicable, one line each
 
     @property
     def listen(self) -> tuple[str, int]:
         return (self.listen_host, self.listen_port)
 
 
-# (dest, GPU_EXPORTER env, dcgm-exporter env or None, default as text)
-_SPEC: tuple[tuple[str, str, str | None, str | None], ...] = (
-    ("listen", "GPU_EXPORTER_LISTEN", "DCGM_EXPORTER_LISTEN", DEFAULT_LISTEN),
-    ("collectors", "GPU_EXPORTER_COLLECTORS", "DCGM_EXPORTER_COLLECTORS", None),
-    ("interval", "GPU_EXPORTER_INTERVAL", "DCGM_EXPORTER_INTERVAL", "5s"),
-    ("backend", "GPU_EXPORTER_BACKEND", None, "nvml"),
-    ("simulate_gpus", "GPU_EXPORTER_SIMULATE_GPUS", None, "8"),
-    ("kubernetes", "GPU_EXPORTER_KUBERNETES", "DCGM_EXPORTER_KUBERNETES", "false"),
-    ("pod_resources_socket", "GPU_EXPORTER_POD_RESOURCES_SOCKET", "DCGM_POD_RESOURCES_KUBELET_SOCKET",
-     DEFAULT_SOCKET),
-    ("no_hostname", "GPU_EXPORTER_NO_HOSTNAME", "DCGM_EXPORTER_NO_HOSTNAME", "false"),
-    ("log_level", "GPU_EXPORTER_LOG_LEVEL", None, "info"),
+# (dest, flags, GPU_EXPORTER env, dcgm-exporter env or None, default as text, is_bool, help)
+_Spec = tuple[str, tuple[str, ...], str | None, str | None, str | None, bool, str]
+_SPEC: tuple[_Spec, ...] = (
+    ("listen", ("--listen", "-a", "--address"), "GPU_EXPORTER_LISTEN", "DCGM_EXPORTER_LISTEN", DEFAULT_LISTEN,
+     False, f"HTTP address (default {DEFAULT_LISTEN}; :9400 = all interfaces)"),
+    ("collectors", ("--collectors", "-f"), "GPU_EXPORTER_COLLECTORS", "DCGM_EXPORTER_COLLECTORS", None, False,
+     "dcgm-exporter counters CSV (default: the built-in set)"),
+    ("interval", ("--interval",), "GPU_EXPORTER_INTERVAL", None, "5s", False,
+     "collection period as a duration: 5s, 500ms, 1m"),
+    ("interval_ms", ("--collect-interval", "-c"), None, "DCGM_EXPORTER_INTERVAL", None, False,
+     "collection period in milliseconds (dcgm-exporter's -c)"),
+    ("backend", ("--backend",), "GPU_EXPORTER_BACKEND", None, "nvml", False, "nvml (default) or simulated"),
+    ("simulate_gpus", ("--simulate-gpus",), "GPU_EXPORTER_SIMULATE_GPUS", None, "8", False,
+     "GPUs for --backend simulated (default 8)"),
+    ("kubernetes", ("--kubernetes", "-k"), "GPU_EXPORTER_KUBERNETES", "DCGM_EXPORTER_KUBERNETES", "false", True,
+     "add pod, namespace, container from the kubelet PodResources API"),
+    ("pod_resources_socket", ("--pod-resources-socket", "--pod-resources-kubelet-socket"),
+     "GPU_EXPORTER_POD_RESOURCES_SOCKET", "DCGM_POD_RESOURCES_KUBELET_SOCKET", DEFAULT_SOCKET, False,
+     f"kubelet PodResources socket (default {DEFAULT_SOCKET})"),
+    ("kubernetes_gpu_id_type", ("--kubernetes-gpu-id-type",), "GPU_EXPORTER_KUBERNETES_GPU_ID_TYPE",
+     "DCGM_EXPORTER_KUBERNETES_GPU_ID_TYPE", "uid", False,
+     "how the device plugin names whole GPUs: uid (GPU-<uuid>, default) or device-name (nvidia<N>)"),
+    ("nvidia_resource_names", ("--nvidia-resource-names",), "GPU_EXPORTER_NVIDIA_RESOURCE_NAMES",
+     "NVIDIA_RESOURCE_NAMES", "", False,
+     "extra GPU resource names besides nvidia.com/gpu and nvidia.com/mig-*, comma-separated"),
+    ("kubernetes_virtual_gpus", ("--kubernetes-virtual-gpus",), "GPU_EXPORTER_KUBERNETES_VIRTUAL_GPUS",
+     "KUBERNETES_VIRTUAL_GPUS", "false", True,
+     "one series per pod on a shared (time-sliced, MPS) GPU; without it one holder is chosen"),
+    ("pod_attribution_max_age", ("--pod-attribution-max-age",), "GPU_EXPORTER_POD_ATTRIBUTION_MAX_AGE", None,
+     "5m", False, "keep the last kubelet answer this long while the kubelet fails (default 5m)"),
+    ("devices", ("--devices", "-d"), "GPU_EXPORTER_DEVICES", "DCGM_EXPORTER_DEVICES_STR", "f", False,
+     "which GPUs: f (all; MIG GPUs per instance), g[:0,1] GPUs, i[:0,2-4] GPU instances"),
+    ("no_hostname", ("--no-hostname", "-n"), "GPU_EXPORTER_NO_HOSTNAME", "DCGM_EXPORTER_NO_HOSTNAME", "false",
+     True, "omit the Hostname label"),
+    ("web_config_file", ("--web-config-file",), "GPU_EXPORTER_WEB_CONFIG_FILE", "DCGM_EXPORTER_WEB_CONFIG_FILE",
+     "", False, "exporter-toolkit web config (TLS, basic auth)"),
+    ("openmetrics", ("--enable-openmetrics",), "GPU_EXPORTER_ENABLE_OPENMETRICS", None, "false", True,
+     "serve OpenMetrics to scrapers that ask (default: classic text always, as dcgm-exporter)"),
+    ("log_level", ("--log-level",), "GPU_EXPORTER_LOG_LEVEL", None, "info", False,
+     "debug, info (default), warning, error"),
+    ("debug", ("--debug",), "GPU_EXPORTER_DEBUG", "DCGM_EXPORTER_DEBUG", "false", True,
+     "same as --log-level debug"),
+    ("log_format", ("--log-format",), "GPU_EXPORTER_LOG_FORMAT", "DCGM_EXPORTER_LOG_FORMAT", "text", False,
+     "text (default), json or logfmt"),
 )
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+# dcgm-exporter 4.8.2 flags accepted for compatibility but not applicable here:
+# (flags, dcgm env, is_bool, default as text, why).
+_NOT_APPLICABLE: tuple[tuple[tuple[str, ...], str, bool, str, str], ...] = (
+    (("--configmap-data", "-m"), "DCGM_EXPORTER_CONFIGMAP_DATA", False, "none",
+     "counters come from -f/--collectors, not from a ConfigMap read through the API server"),
+    (("--remote-hostengine-info", "-r"), "DCGM_REMOTE_HOSTENGINE_INFO", False, "localhost:5555",
+     "gpu-exporter reads NVML in process; there is no DCGM hostengine to connect to"),
+    (("--use-old-namespace", "-o"), "DCGM_EXPORTER_USE_OLD_NAMESPACE", True, "false",
+     "only the current pod/namespace/container label names are written"),
+    (("--cpu-devices", "-p"), "DCGM_EXPORTER_CPU_DEVICES_STR", False, "f", "CPUs are not monitored"),
+    (("--switch-devices", "-s"), "DCGM_EXPORTER_OTHER_DEVICES_STR", False, "f", "NVSwitches are not monitored"),
+    (("--fake-gpus",), "DCGM_EXPORTER_USE_FAKE_GPUS", True, "false", "use --backend simulated"),
+    (("--xid-count-window-size", "-x"), "DCGM_EXPORTER_XID_COUNT_WINDOW_SIZE", False, "300000",
+     "the XID count window is fixed"),
+    (("--replace-blanks-in-model-name", "-rbmn"), "DCGM_EXPORTER_REPLACE_BLANKS_IN_MODEL_NAME", True, "false",
+     "modelName is written as NVML reports it"),
+    (("--clock-events-count-window-size",), "DCGM_EXPORTER_CLOCK_EVENTS_COUNT_WINDOW_SIZE", False, "300000",
+     "clock-event counting is not implemented"),
+    (("--enable-dcgm-log",), "DCGM_EXPORTER_ENABLE_DCGM_LOG", True, "false", "there is no DCGM log"),
+    (("--dcgm-log-level",), "DCGM_EXPORTER_DCGM_LOG_LEVEL", False, "NONE", "there is no DCGM log"),
+    (("--kubernetes-enable-pod-labels",), "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS", True, "false",
+     "pod labels need the API server; only pod, namespace, container are added"),
+    (("--kubernetes-enable-pod-uid",), "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID", True, "false",
+     "the pod UID label is not added"),
+    (("--kubernetes-pod-label-allowlist-regex",), "DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX", False, "",
+     "pod labels are not added"),
+    (("--kubernetes-enable-dra",), "KUBERNETES_ENABLE_DRA", True, "false", "DRA claims are not attributed"),
+    (("--hpc-job-mapping-dir",), "DCGM_HPC_JOB_MAPPING_DIR", False, "", "HPC job mapping is not implemented"),
+    (("--dump-enabled",), "DCGM_EXPORTER_DUMP_ENABLED", True, "false", "debug dumps are not implemented"),
+    (("--dump-directory",), "DCGM_EXPORTER_DUMP_DIRECTORY", False, "/tmp/dcgm-exporter-debug",
+     "debug dumps are not implemented"),
+    (("--dump-retention",), "DCGM_EXPORTER_DUMP_RETENTION", False, "24", "debug dumps are not implemented"),
+    (("--dump-compression",), "DCGM_EXPORTER_DUMP_COMPRESSION", True, "true", "debug dumps are not implemented"),
+    (("--disable-startup-validate",), "DISABLE_STARTUP_VALIDATE", True, "false",
+     "there is no separate start-up validation"),
+    (("--enable-gpu-bind-unbind-watch",), "DCGM_EXPORTER_ENABLE_GPU_BIND_UNBIND_WATCH", True, "false",
+     "GPUs that go away are reported down and retried instead"),
+    (("--gpu-bind-unbind-poll-interval",), "DCGM_EXPORTER_GPU_BIND_UNBIND_POLL_INTERVAL", False, "1s",
+     "GPUs that go away are reported down and retried instead"),
+    (("--enable-pprof",), "DCGM_EXPORTER_ENABLE_PPROF", True, "false", "there is no pprof in Python"),
+    (("--web-systemd-socket",), "DCGM_EXPORTER_SYSTEMD_SOCKET", True, "false",
+     "systemd socket activation is not supported; use --listen"),
+)
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
-def parse_duration(name: str, text: str) -> float:
-    """``5s``, ``500ms``, ``1m``, ``1.5s``; a bare integer is milliseconds (dcgm-exporter's -c)."""
-    m = _DURATION.match(text.strip())
+def parse_duration(name: str, text: str, minimum_s: float = 0.05) -> float:
+    """``5s``, ``500ms``, ``1m``, ``1.5s``. A bare number is an error ("did you mean 5s?")."""
+    value = text.strip()
+    m = _DURATION.match(value)
     if m is None:
-        raise SettingsError(name, text, "expected a duration like 5s, 500ms, 1m or integer milliseconds")
-    number, unit = m.group(1), m.group(2)
-    if unit is None and "." in number:
-        raise SettingsError(name, text, "a bare number is milliseconds and must be an integer")
-    seconds = float(number) * _UNIT_S[unit or "ms"]
-    if seconds < 0.05:
-        raise SettingsError(name, text, "interval must be at least 50ms")
+        if re.fullmatch(r"\d+(?:\.\d+)?", value):
+            raise SettingsError(name, text, f"a duration needs a unit: did you mean {value}s "
+                                            f"(or {value}ms; -c/--collect-interval takes milliseconds)?")
+        raise SettingsError(name, text, "expected a duration like 5s, 500ms or 1m")
+    seconds = float(m.group(1)) * _UNIT_S[m.group(2)]
+    if seconds < minimum_s:
+        raise SettingsError(name, text, f"must be at least {minimum_s * 1000:g}ms")
     return seconds
+
+
+def parse_milliseconds(name: str, text: str) -> float:
+    """dcgm-exporter's ``-c`` / ``DCGM_EXPORTER_INTERVAL``: an integer number of milliseconds."""
+    value = text.strip()
+    if not value.isdigit():
+        raise SettingsError(name, text, "expected an integer number of milliseconds (dcgm-exporter's -c)")
+    if int(value) < 50:
+        raise SettingsError(name, text, "interval must be at least 50ms")
+    return int(value) / 1000.0
 
 
 def parse_listen(name: str, text: str) -> tuple[str, int]:
@@ -91,65 +198,75 @@ def parse_listen(name: str, text: str) -> tuple[str, int]:
 
 def parse_bool(name: str, text: str) -> bool:
     value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
+    if value in ("1", "true", "yes", "on", "t"):
         return True
-    if value in ("0", "false", "no", "off", ""):
+    if value in ("0", "false", "no", "off", "f", ""):
         return False
     raise SettingsError(name, text, "expected true or false")
 
 
+def _bool_arg(p: argparse._ActionsContainer, flags: tuple[str, ...], dest: str, help_text: str) -> None:
+    # Go's bool flags: "-k", "--kubernetes", "--kubernetes=true", "--kubernetes=false".
+    p.add_argument(*flags, dest=dest, nargs="?", const="true", metavar="BOOL", help=help_text)
+
+
 def _parser() -> argparse.ArgumentParser:
+    from exporter import __version__
+
     p = argparse.ArgumentParser(
         prog="gpu-exporter",
         description="NVML -> Prometheus exposition; a drop-in for dcgm-exporter 4.8.2.",
     )
-    p.add_argument("--listen", "-a", "--address", dest="listen",
-                   help=f"HTTP address (default {DEFAULT_LISTEN}; :9400 = all interfaces)")
-    p.add_argument("--collectors", "-f", dest="collectors", help="dcgm-exporter counters CSV")
-    p.add_argument("--interval", dest="interval", help="collection period: 5s, 500ms, or integer ms")
-    p.add_argument("--collect-interval", "-c", dest="interval_ms", help="dcgm-exporter's -c, milliseconds")
-    p.add_argument("--backend", dest="backend", help="nvml (default) or simulated")
-    p.add_argument("--simulate-gpus", dest="simulate_gpus", help="GPUs for --backend simulated (default 8)")
-    p.add_argument("--kubernetes", "-k", dest="kubernetes", action="store_const", const="true",
-                   help="add pod, namespace, container from the kubelet PodResources API")
-    p.add_argument("--pod-resources-socket", "--pod-resources-kubelet-socket", dest="pod_resources_socket",
-                   help=f"kubelet PodResources socket (default {DEFAULT_SOCKET})")
-    p.add_argument("--no-hostname", "-n", dest="no_hostname", action="store_const", const="true",
-                   help="omit the Hostname label")
-    p.add_argument("--log-level", dest="log_level", help="debug, info (default), warning, error")
+    p.add_argument("--version", "-v", action="version", version=f"gpu-exporter {__version__}")
+    for dest, flags, _env, _dcgm, _default, is_bool, help_text in _SPEC:
+        if is_bool:
+            _bool_arg(p, flags, dest, help_text)
+        elif dest == "nvidia_resource_names":  # a string slice in urfave/cli: repeated or comma-separated
+            p.add_argument(*flags, dest=dest, action="append", help=help_text)
+        else:
+            p.add_argument(*flags, dest=dest, help=help_text)
+    compat = p.add_argument_group("dcgm-exporter flags accepted for compatibility (warned, no effect)")
+    for i, (flags, _env, is_bool, _default, why) in enumerate(_NOT_APPLICABLE):
+        if is_bool:
+            _bool_arg(compat, flags, f"_na{i}", why)
+        else:
+            compat.add_argument(*flags, dest=f"_na{i}", help=why)
     return p
 
 
-def _interval_text(raw: str, from_dcgm_env: bool) -> str:
-    return raw.strip() + "ms" if from_dcgm_env and raw.strip().isdigit() else raw
+def _not_applicable(ns: dict[str, str | None], env: Mapping[str, str]) -> tuple[str, ...]:
+    out: list[str] = []
+    for i, (flags, env_name, _is_bool, default, why) in enumerate(_NOT_APPLICABLE):
+        value = ns.pop(f"_na{i}")
+        if value is not None:
+            out.append(f"{flags[0]}={value} is a dcgm-exporter flag with no effect here: {why}")
+        elif env.get(env_name, default).strip().lower() != default.lower():
+            out.append(f"{env_name}={env[env_name]} is a dcgm-exporter setting with no effect here: {why}")
+    return tuple(out)
 
 
 def load_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     """Parse flags and env once. Raises ``SettingsError``; argparse exits 2 on unknown flags."""
-    ns = vars(_parser().parse_args(list(argv)))
-    interval_ms = ns.pop("interval_ms")
-    if interval_ms is not None and ns["interval"] is None:
-        ns["interval"] = _interval_text(interval_ms, True)
+    ns: dict[str, str | None] = vars(_parser().parse_args(list(argv)))
+    if ns.get("nvidia_resource_names") is not None:
+        ns["nvidia_resource_names"] = ",".join(ns["nvidia_resource_names"] or [])
+    warnings = _not_applicable(ns, env)
     raw: dict[str, str | None] = {}
     source: dict[str, str] = {}
-    for dest, env_name, dcgm_env, default in _SPEC:
-        value = ns.get(dest)
-        name = "--" + dest.replace("_", "-")
-        if value is None and env_name in env:
+    for dest, flags, env_name, dcgm_env, default, _is_bool, _help in _SPEC:
+        value, name = ns.get(dest), flags[0]
+        if value is None and env_name is not None and env_name in env:
             value, name = env[env_name], env_name
         if value is None and dcgm_env is not None and dcgm_env in env:
             value, name = env[dcgm_env], dcgm_env
-            if dest == "interval":
-                value = _interval_text(value, True)
-        if value is None:
-            value = default
-        raw[dest] = value
+        raw[dest] = value if value is not None else default
         source[dest] = name
 
     def text(dest: str) -> str:
-        value = raw[dest]
-        assert value is not None
-        return value
+        return raw[dest] or ""
+
+    def flag_given(dest: str) -> bool:
+        return ns.get(dest) is not None
 
     host, port = parse_listen(source["listen"], text("listen"))
     backend = text("backend").strip().lower()
@@ -161,20 +278,60 @@ def load_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     level = text("log_level").strip().lower()
     if level not in LOG_LEVELS:
         raise SettingsError(source["log_level"], level, "expected one of " + ", ".join(LOG_LEVELS))
+    if parse_bool(source["debug"], text("debug")) and not flag_given("log_level"):
+        level = "debug"
+    log_format = text("log_format").strip().lower()
+    if log_format not in LOG_FORMATS:
+        raise SettingsError(source["log_format"], log_format, "expected one of " + ", ".join(LOG_FORMATS))
+    id_type = text("kubernetes_gpu_id_type").strip()
+    if id_type not in GPU_ID_TYPES:
+        raise SettingsError(source["kubernetes_gpu_id_type"], id_type, "expected uid or device-name")
+    try:
+        devices = parse_devices(text("devices"))
+    except DeviceSelectionError as exc:
+        raise SettingsError(source["devices"], text("devices"), str(exc)) from None
+    interval_s = _interval(ns, env, raw, source)
     no_hostname = parse_bool(source["no_hostname"], text("no_hostname"))
     collectors = raw["collectors"]
+    names = tuple(n.strip() for n in text("nvidia_resource_names").split(",") if n.strip())
     return Settings(
         listen_host=host,
         listen_port=port,
         collectors=collectors if collectors else None,
-        interval_s=parse_duration(source["interval"], text("interval")),
+        interval_s=interval_s,
         backend=backend,
         simulate_gpus=int(gpus_text),
         kubernetes=parse_bool(source["kubernetes"], text("kubernetes")),
         pod_resources_socket=text("pod_resources_socket"),
         hostname=None if no_hostname else resolve_hostname(env),
         log_level=level,
+        log_format=log_format,
+        devices=devices,
+        devices_source=source["devices"],
+        web_config_file=text("web_config_file") or None,
+        kubernetes_gpu_id_type=id_type,
+        nvidia_resource_names=names,
+        kubernetes_virtual_gpus=parse_bool(source["kubernetes_virtual_gpus"], text("kubernetes_virtual_gpus")),
+        pod_attribution_max_age_s=parse_duration(source["pod_attribution_max_age"],
+                                                 text("pod_attribution_max_age"), minimum_s=0.0),
+        openmetrics=parse_bool(source["openmetrics"], text("openmetrics")),
+        warnings=warnings,
     )
+
+
+def _interval(
+    ns: Mapping[str, str | None], env: Mapping[str, str], raw: Mapping[str, str | None], source: Mapping[str, str]
+) -> float:
+    """--interval > -c > GPU_EXPORTER_INTERVAL > DCGM_EXPORTER_INTERVAL > 5s; -c and dcgm's env are ms."""
+    if ns.get("interval") is not None:
+        return parse_duration("--interval", ns["interval"] or "")
+    if ns.get("interval_ms") is not None:
+        return parse_milliseconds("-c/--collect-interval", ns["interval_ms"] or "")
+    if "GPU_EXPORTER_INTERVAL" in env:
+        return parse_duration("GPU_EXPORTER_INTERVAL", env["GPU_EXPORTER_INTERVAL"])
+    if "DCGM_EXPORTER_INTERVAL" in env:
+        return parse_milliseconds("DCGM_EXPORTER_INTERVAL", env["DCGM_EXPORTER_INTERVAL"])
+    return parse_duration(source["interval"], raw["interval"] or "5s")
 
 
 def resolve_hostname(env: Mapping[str, str]) -> str:

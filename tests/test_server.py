@@ -1,9 +1,11 @@
-"""HTTP server: cached bytes per scrape, content negotiation, health transitions, index, 404."""
+"""HTTP server: cached bytes per scrape, text by default (as dcgm-exporter), OpenMetrics behind a
+flag, liveness and readiness routes, index, 404."""
 
 from __future__ import annotations
 
 import http.client
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -12,6 +14,40 @@ from exporter.server import Server
 from tests.test_collector import SPECS, Clock, FakeBackend
 
 Env = tuple[FakeBackend, Collector, Clock, Server]
+
+
+@dataclass
+class Snap:
+    text: bytes = b"# HELP x y\n# TYPE x gauge\nx 1\n"
+    openmetrics: bytes = b"# HELP x y\n# TYPE x gauge\nx 1\n# EOF\n"
+
+
+@dataclass
+class StubSource:
+    """Implements the server's ExpositionSource: fixed bytes, scripted liveness and readiness."""
+
+    live: tuple[bool, str] = (True, "OK")
+    ready: tuple[bool, str] = (True, "OK")
+    snap: Snap = field(default_factory=Snap)
+
+    @property
+    def exposition(self) -> Snap:
+        return self.snap
+
+    def health(self) -> tuple[bool, str]:
+        return self.live
+
+    def readiness(self) -> tuple[bool, str]:
+        return self.ready
+
+
+@pytest.fixture
+def stub() -> Iterator[tuple[StubSource, Server]]:
+    source = StubSource()
+    server = Server(("127.0.0.1", 0), source)
+    server.start()
+    yield source, server
+    server.stop()
 
 
 @pytest.fixture
@@ -65,40 +101,57 @@ def test_metrics_headers_text_format(env: Env) -> None:
     assert b"# EOF" not in body
 
 
-def test_metrics_openmetrics_when_asked(env: Env) -> None:
+OM_ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+
+
+def test_metrics_stay_classic_text_when_the_scraper_offers_openmetrics(env: Env) -> None:
+    # dcgm-exporter 4.8.2 serves the text format whatever Prometheus offers; DCGM counters lack
+    # _total, so OpenMetrics would type them unknown.
     env[1].collect_once()
-    accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
-    status, headers, body = fetch(env[3], "/metrics", {"Accept": accept})
+    status, headers, body = fetch(env[3], "/metrics", {"Accept": OM_ACCEPT})
     assert status == 200
-    assert headers["content-type"].startswith("application/openmetrics-text; version=1.0.0")
-    assert body.endswith(b"# EOF\n")
+    assert headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert body == env[1].exposition.text and b"# EOF" not in body
 
 
-def test_health_200_when_fresh_then_503_with_reason_when_stale(
-    env: Env,
+def test_metrics_openmetrics_only_with_the_flag_and_when_asked() -> None:
+    source = StubSource()
+    server = Server(("127.0.0.1", 0), source, openmetrics=True)
+    server.start()
+    try:
+        status, headers, body = fetch(server, "/metrics", {"Accept": OM_ACCEPT})
+        assert status == 200
+        assert headers["content-type"].startswith("application/openmetrics-text; version=1.0.0")
+        assert body == source.snap.openmetrics
+        status, headers, body = fetch(server, "/metrics")
+        assert headers["content-type"].startswith("text/plain; version=0.0.4") and body == source.snap.text
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(("path", "attr"), [("/health", "live"), ("/ready", "ready")])
+def test_health_is_liveness_and_ready_is_readiness_with_their_text(
+    stub: tuple[StubSource, Server], path: str, attr: str
 ) -> None:
-    _, c, clock, server = env
-    status, _, body = fetch(server, "/health")
-    assert (status, body) == (503, b"no collection has finished yet")
-    c.collect_once()
-    assert fetch(server, "/health")[::2] == (200, b"OK")
-    clock.t += 16.0
-    status, _, body = fetch(server, "/health")
-    assert status == 503 and b"more than 3 intervals" in body
-    c.collect_once()
-    assert fetch(server, "/health")[0] == 200
+    source, server = stub
+    assert fetch(server, path)[::2] == (200, b"OK")
+    setattr(source, attr, (False, "gpu 1 (GPU-abc) down: RESET_REQUIRED"))
+    status, headers, body = fetch(server, path)
+    assert (status, body) == (503, b"gpu 1 (GPU-abc) down: RESET_REQUIRED")
+    assert headers["content-type"] == "text/plain; charset=utf-8"
 
 
-def test_health_503_when_no_gpu_answers(env: Env) -> None:
-    be, c, _, server = env
-    be.failing = {0, 1}
-    c.collect_once()
-    status, _, body = fetch(server, "/health")
-    assert status == 503 and b"fallen off the bus" in body
+def test_liveness_stays_200_while_readiness_is_503_when_all_gpus_are_down(stub: tuple[StubSource, Server]) -> None:
+    source, server = stub
+    source.live = (True, "ok; gpu 0 (GPU-a) down: GPU_IS_LOST")
+    source.ready = (False, "no GPU is up; gpu 0 (GPU-a) down: GPU_IS_LOST")
+    assert fetch(server, "/health")[0] == 200  # restarting the pod cannot fix lost hardware
+    assert fetch(server, "/ready")[0] == 503
 
 
 @pytest.mark.parametrize(("path", "status", "needle"), [
     ("/", 200, b'<a href="/metrics">'),
+    ("/", 200, b'<a href="/ready">'),
     ("/metrics?x=1", 200, b""),
     ("/nope", 404, b"not found"),
     ("/metricsx", 404, b"not found"),

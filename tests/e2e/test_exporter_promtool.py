@@ -1,5 +1,6 @@
 """End to end: the real gpu-exporter process (simulated 8 x H200), scraped and checked by
-`promtool check metrics`; OpenMetrics parsed by prometheus_client's strict parser; SIGTERM."""
+`promtool check metrics`; OpenMetrics (--enable-openmetrics) parsed by prometheus_client's strict
+parser; SIGTERM."""
 
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def exporter() -> Iterator[tuple[subprocess.Popen[str], int]]:
     env = {**os.environ, "NODE_NAME": "node-e2e", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [*exporter_cmd(), "--backend", "simulated", "--simulate-gpus", "8", "--listen", f"127.0.0.1:{port}",
-         "--interval", "200ms"],
+         "--interval", "200ms", "--enable-openmetrics"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -122,7 +123,7 @@ def test_self_metrics_present(exporter: tuple[subprocess.Popen[str], int]) -> No
     assert 'gpu_exporter_last_collection_timestamp_seconds{Hostname="node-e2e"} ' in body
 
 
-def test_openmetrics_parses_strictly(exporter: tuple[subprocess.Popen[str], int]) -> None:
+def test_openmetrics_with_the_flag_parses_strictly(exporter: tuple[subprocess.Popen[str], int]) -> None:
     status, body = scrape(exporter[1], accept="application/openmetrics-text; version=1.0.0")
     assert status == 200 and body.endswith("# EOF\n")
     families = {f.name: f for f in text_string_to_metric_families(body)}
