@@ -267,3 +267,54 @@ def test_route_accepts_metadata_of_every_field() -> None:
     raw = series(sample(1.0, 5)) + encode_len(3, md.SerializeToString())
     routed, got = routed_bytes(raw)
     assert list(got.metadata) == [md] and routed.metadata == encode_len(3, md.SerializeToString())
+
+
+# ---- RW 2.0 transcoding is bounded ----------------------------------------------------------------
+
+BIG = "x" * 10_000
+
+
+def v2_blowup(kind: str, n: int = 3000) -> bytes:
+    """At most 80 KB of RW 2.0 that references one 10 KB symbol ``n`` times: ~30 MB of RW 1.0."""
+    names = [f"m{i}" for i in range(n)] if kind == "metadata help" else ["m"]
+    req = v2pb.Request(symbols=["", "__name__", "big", BIG, *names])
+    for i in range(n):
+        if kind == "labels in one series":
+            if i == 0:
+                req.timeseries.add(labels_refs=[1, 4] + [2, 3] * n)
+        elif kind == "labels across series":
+            req.timeseries.add(labels_refs=[1, 4, 2, 3]).samples.add(value=1.0, timestamp=1)
+        elif kind == "exemplar labels":
+            req.timeseries.add(labels_refs=[1, 4]).exemplars.add(labels_refs=[2, 3], value=1.0, timestamp=1)
+        else:
+            req.timeseries.add(labels_refs=[1, 4 + i], metadata=v2pb.Metadata(type=cast(Any, 2), help_ref=3))
+    return req.SerializeToString()
+
+
+@pytest.mark.parametrize("kind", ["labels in one series", "labels across series", "exemplar labels", "metadata help"])
+def test_v2_to_v1_output_over_the_limit_is_413_before_it_is_built(kind: str) -> None:
+    import tracemalloc
+
+    raw = v2_blowup(kind)
+    assert len(raw) < 100_000  # and its RW 1.0 would be over 30 MB
+    limit = 1 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(wire.WireError) as err:
+            wire.v2_to_v1(raw, limit)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert err.value.status == 413
+    assert f"over the limit of {limit} bytes" in str(err.value)
+    assert peak < 3 * limit, peak  # checked while transcoding: today's code built ~30 MB first
+
+
+def test_v2_to_v1_output_just_under_the_limit_passes() -> None:
+    raw = v2_blowup("labels across series", n=50)
+    v1, counts = wire.v2_to_v1(raw)
+    assert counts.samples == 50
+    assert wire.v2_to_v1(raw, len(v1))[0] == v1
+    with pytest.raises(wire.WireError) as err:
+        wire.v2_to_v1(raw, len(v1) - 1)
+    assert err.value.status == 413
