@@ -298,7 +298,7 @@ class Pipeline:
             pieces_per_dest: list[list[Piece]] = []
             for i, stage in enumerate(self.stages):
                 pieces, kept, routed_here = stage.take(routed.per_dest[i + 1])
-                by_rules = result.samples - routed_here
+                by_rules = result.samples + result.histograms - routed_here  # n counts histograms too
                 if by_rules:
                     self.metrics.samples_dropped_total.labels(stage.name, "rules").inc(by_rules)
                     stage.stats.record_drop("rules", series=0, samples=by_rules)
