@@ -19,6 +19,7 @@ import snappy
 
 from relay.labels import Labels
 from relay.protowire import (
+    MAX_FIELD_NUMBER,
     WireError,
     encode_int64,
     encode_uvarint,
@@ -446,8 +447,8 @@ def _top_level_other(buf: bytes, pos: int, n: int, metadata: list[bytes]) -> int
         check_metadata(buf, start, stop)
         metadata.append(buf[pos:stop])
         return stop
-    if tag >> 3 == 0:
-        raise malformed("field number 0")
+    if tag >> 3 == 0 or tag >> 3 > MAX_FIELD_NUMBER:
+        raise malformed(f"field number {tag >> 3}")
     if tag >> 3 in (1, 3):
         raise malformed(f"WriteRequest field {tag >> 3} with wire type {tag & 7}")
     return skip_value(buf, p, tag & 7, n)

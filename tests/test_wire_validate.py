@@ -190,6 +190,8 @@ MALFORMED_SERIES_ENTRIES = [
      "span 1 has a negative offset"),
     ("histogram with a truncated field", encode_len(4, b"\x18"), "malformed protobuf"),
     ("unknown series field with a group wire type", b"\x2b", "wire type 3"),
+    ("unknown series field numbered past 2^29-1", encode_uvarint(1 << 32) + b"\x01", "field number 536870912"),
+    ("sample field numbered past 2^29-1", encode_len(2, encode_uvarint(1 << 32) + b"\x01"), "field number"),
 ]
 
 
@@ -222,6 +224,7 @@ def test_route_malformed_one_sample_entry_of_the_cached_shape_is_400() -> None:
         (encode_len(3, encode_len(1, b"")), "MetricMetadata field 1 with wire type 2"),
         (encode_len(3, b"\x08"), "truncated varint"),
         (encode_len(3, b"\x12\x05ab"), "malformed protobuf"),
+        (encode_uvarint(1 << 32) + b"\x01", "field number 536870912"),  # an unknown top-level field
     ],
 )
 def test_route_malformed_metadata_is_400(metadata: bytes, message: str) -> None:
