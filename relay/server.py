@@ -19,24 +19,23 @@ Two listeners: ``serve_write`` (POST /api/v1/write) and ``serve_telemetry`` (/me
 from __future__ import annotations
 
 import contextlib
-import email.utils
 import http
 import io
 import json
 import logging
 import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socketserver import TCPServer
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
-if TYPE_CHECKING:
-    from _typeshed import WriteableBuffer
+from relay.http_conn import DeadlineReader, SocketWriter, response_head
 
 log = logging.getLogger(__name__)
 
@@ -85,52 +84,6 @@ def _busy(what: str) -> Reply:
     return _text(503, f"too many concurrent {what}; retry later", {"Retry-After": str(RETRY_AFTER_S)})
 
 
-def _head(status: int, reply: Reply, length: int, close: bool) -> bytes:
-    try:
-        reason = http.HTTPStatus(status).phrase
-    except ValueError:
-        reason = "Unknown"
-    lines = [f"HTTP/1.1 {status} {reason}", "Server: gpu-relay", f"Date: {email.utils.formatdate(usegmt=True)}",
-             f"Content-Type: {reply.content_type}", f"Content-Length: {length}"]
-    lines += [f"{k}: {v}" for k, v in reply.headers.items()]
-    if close:
-        lines.append("Connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace")
-
-
-class _DeadlineReader(io.RawIOBase):
-    """The connection's reads, each bounded by what is left until ``deadline`` (monotonic seconds)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        super().__init__()
-        self._sock = sock
-        self.deadline: float | None = None
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: WriteableBuffer, /) -> int:
-        if self.deadline is not None:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("read deadline passed")
-            self._sock.settimeout(left)
-        return self._sock.recv_into(buffer)
-
-
-class _Writer(io.RawIOBase):
-    def __init__(self, sock: socket.socket) -> None:
-        super().__init__()
-        self._sock = sock
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any, /) -> int:
-        self._sock.sendall(data)
-        return len(data)
-
-
 class _Handler(BaseHTTPRequestHandler):
     server: RelayHTTPServer
     protocol_version = "HTTP/1.1"
@@ -140,11 +93,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.connection = self.request
         with contextlib.suppress(OSError):
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._reader = _DeadlineReader(self.connection)
+        self._reader = DeadlineReader(self.connection)
         self._reader.deadline = time.monotonic() + self.server.read_timeout  # the first request
         self._buffered = io.BufferedReader(self._reader, 1 << 16)
         self.rfile = self._buffered
-        self.wfile = _Writer(self.connection)  # type: ignore[assignment]
+        self.wfile = SocketWriter(self.connection)  # type: ignore[assignment]
         self._waiting = False  # the next request must wait for its first byte (keep-alive)
         self._body_pending = False  # the request's body, if any, was not read
 
@@ -202,9 +155,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self._body_pending:
             self.close_connection = True
         body = b"" if self.command == "HEAD" else reply.body
-        data = _head(reply.status, reply, len(reply.body), self.close_connection) + body
+        head = response_head(reply.status, reply.content_type, reply.headers, len(reply.body), self.close_connection)
         self.connection.settimeout(self.server.read_timeout)
-        self.connection.sendall(data)  # headers and body in one write
+        self.connection.sendall(head + body)  # headers and body in one write
 
     # -- requests --------------------------------------------------------------------------------------
 
@@ -267,25 +220,32 @@ class _Handler(BaseHTTPRequestHandler):
         return reply
 
     def _write(self) -> Reply:
-        ep = self.server.endpoints
+        srv, ep = self.server, self.server.endpoints
         if "Transfer-Encoding" in self.headers:
             return _text(411, "chunked transfer-encoding is not supported: send a Content-Length")
         if "Content-Length" not in self.headers:
             self._body_pending = True  # a write without a length: what follows cannot be framed
             return _text(411, "Content-Length required")
         # A snappy block is never larger than ~1.17x its content: bound the compressed body too.
-        body = self._read_body(ep.max_request_bytes + ep.max_request_bytes // 5 + 64, bounded=True)
-        if isinstance(body, Reply):
-            return body
+        length = self._content_length(ep.max_request_bytes + ep.max_request_bytes // 5 + 64)
+        if isinstance(length, Reply):
+            return length
+        if not srv.requests.acquire(blocking=False):  # before reading: a refused body costs nothing
+            srv.overloaded("requests")
+            return _busy("requests")
         try:
-            lowered = {k.lower(): v for k, v in self.headers.items()}
-            return self._call(ep.write, lowered, body)
+            body = self._read_exact(length)
+            if isinstance(body, Reply):
+                return body
+            return self._call(ep.write, {k.lower(): v for k, v in self.headers.items()}, body)
         finally:
-            self.server.requests.release()
+            srv.requests.release()
 
-    def _read_body(self, limit: int, *, bounded: bool = False) -> bytes | Reply:
-        """The body, or the reply refusing it. With ``bounded``, a request slot is taken first (and is
-        held on return of bytes: the caller releases it)."""
+    def _read_body(self, limit: int) -> bytes | Reply:
+        length = self._content_length(limit)
+        return length if isinstance(length, Reply) else self._read_exact(length)
+
+    def _content_length(self, limit: int) -> int | Reply:
         values = {v.strip() for v in self.headers.get_all("Content-Length", [])}
         if len(values) > 1:
             return _text(400, "conflicting Content-Length headers")
@@ -295,22 +255,17 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(value)
         if length > limit:
             return _text(413, f"request body of {length} bytes is over the limit of {limit}")
-        if bounded and not self.server.requests.acquire(blocking=False):
-            self.server.overloaded("requests")
-            return _busy("requests")
+        return length
+
+    def _read_exact(self, length: int) -> bytes | Reply:
+        """The body, once all of it arrived within the request's deadline; else the reply refusing it."""
         try:
             body = self.rfile.read(length)
         except TimeoutError:
-            if bounded:
-                self.server.requests.release()
             return _text(408, f"request not received within {self.server.read_timeout:g} s (server.read_timeout)")
         except OSError as e:
-            if bounded:
-                self.server.requests.release()
             raise _Gone(type(e).__name__) from None
         if len(body) < length:
-            if bounded:
-                self.server.requests.release()
             return _text(400, f"request body shorter than its Content-Length: {len(body)} of {length} bytes")
         self._body_pending = False
         self._reader.deadline = None
@@ -323,7 +278,8 @@ class _Gone(Exception):
         self.reason = reason
 
 
-_BUSY_CONNECTIONS = _head(503, _busy("connections"), len(_busy("connections").body), True) + _busy("connections").body
+_BUSY = _busy("connections")
+_BUSY_CONNECTIONS = response_head(503, _BUSY.content_type, _BUSY.headers, len(_BUSY.body), True) + _BUSY.body
 
 
 class RelayHTTPServer(ThreadingHTTPServer):
@@ -414,8 +370,6 @@ class RelayHTTPServer(ThreadingHTTPServer):
                     count, extra={"reason": f"concurrent_{what}"})
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        import sys
-
         exc = sys.exc_info()[1]
         if isinstance(exc, OSError):
             log.debug("%s hung up: %s", client_address[0] if client_address else "?", type(exc).__name__)
@@ -430,17 +384,17 @@ class RelayHTTPServer(ThreadingHTTPServer):
         self._thread.start()
 
     def stop(self) -> None:
-        if self._thread is None:
-            return
-        self.shutdown()
+        """Stop accepting, close the listening socket and every open connection; idempotent."""
+        if self._thread is not None:
+            self.shutdown()
+            self._thread.join(timeout=5)
+            self._thread = None
         self.server_close()
         with self._lock:
             connections = list(self._open)
         for sock in connections:  # kept-alive connections would otherwise wait out idle_timeout
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-        self._thread.join(timeout=5)
-        self._thread = None
 
 
 def parse_listen(listen: str) -> tuple[str, int]:

@@ -299,7 +299,7 @@ def test_replies_with_a_body_on_a_kept_alive_connection_come_well_under_40ms(ser
     finally:
         conn.close()
     took.sort()
-    assert took[len(took) // 2] < 0.015 and took[-3] < 0.030, took  # Nagle against delayed ACK: 40+ ms each
+    assert took[len(took) // 2] < 0.020, took  # Nagle against delayed ACK made each 40+ ms
 
 
 def test_head_on_health_and_readiness_sends_headers_only(serve: Serve) -> None:
@@ -452,3 +452,13 @@ def test_stop_closes_kept_alive_connections(serve: Serve) -> None:
     server.stop()
     assert read_until_closed(sock, timeout=3) in (b"", b"<reset>")
     sock.close()
+
+
+def test_stop_without_start_releases_the_port() -> None:
+    server = RelayHTTPServer(("127.0.0.1", 0), Recorder())
+    port = server.server_address[1]
+    server.stop()
+    server.stop()  # idempotent
+    again = RelayHTTPServer(("127.0.0.1", port), Recorder())
+    again.stop()
+    assert again.server_address[1] == port
