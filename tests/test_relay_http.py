@@ -462,3 +462,21 @@ def test_stop_without_start_releases_the_port() -> None:
     again = RelayHTTPServer(("127.0.0.1", port), Recorder())
     again.stop()
     assert again.server_address[1] == port
+
+
+def test_write_with_expect_100_continue_gets_continue_then_its_reply(serve: Serve) -> None:
+    # curl sends "Expect: 100-continue" for bodies over 1 KiB and waits for it before the body
+    ep = Recorder()
+    server = serve(ep)
+    with connect(server) as sock:
+        sock.sendall(WRITE_HEAD + b"Expect: 100-continue\r\nContent-Length: 2000\r\n\r\n")
+        sock.settimeout(5)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 100 Continue\r\n")
+        sock.sendall(b"x" * 2000)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 204 ")
+    assert [len(body) for _, body in ep.writes] == [2000]
+
+
+def test_http_1_0_request_is_answered_and_closed(serve: Serve) -> None:
+    answer = exchange(serve(), b"GET /-/healthy HTTP/1.0\r\n\r\n", timeout=2)
+    assert status_of(answer) == 200 and b"Connection: close" in answer and not answer.endswith(b"<still open>")
