@@ -213,19 +213,19 @@ def test_write_with_a_body_reaches_the_endpoint_and_keeps_the_connection(serve: 
 
 
 def test_idle_keep_alive_connection_is_closed_after_idle_timeout(serve: Serve) -> None:
-    server = serve(idle_timeout=0.4)
+    server = serve(idle_timeout=0.6)
     host, port = server.server_address[0], server.server_address[1]
     conn = http.client.HTTPConnection(str(host), int(port), timeout=5)
     try:
         for _ in range(3):  # requests closer together than idle_timeout share the connection
             conn.request("GET", "/-/healthy")
             assert conn.getresponse().read() == b"gpu-relay is Healthy.\n"
-            time.sleep(0.15)
+            time.sleep(0.1)
         sock = conn.sock
         assert sock is not None
         started = time.monotonic()
         assert read_until_closed(sock, timeout=3) == b""
-        assert time.monotonic() - started < 1.5
+        assert 0.3 < time.monotonic() - started < 2.0
     finally:
         conn.close()
 
@@ -299,7 +299,7 @@ def test_replies_with_a_body_on_a_kept_alive_connection_come_well_under_40ms(ser
     finally:
         conn.close()
     took.sort()
-    assert took[len(took) // 2] < 0.020, took  # Nagle against delayed ACK made each 40+ ms
+    assert took[len(took) // 2] < 0.025, took  # Nagle against delayed ACK made each 40+ ms
 
 
 def test_head_on_health_and_readiness_sends_headers_only(serve: Serve) -> None:
