@@ -52,6 +52,7 @@ class _Symbols:
         self.raw = [s.encode() for s in symbols]
         self.entries: dict[int, tuple[bytes, bytes]] = {}
         self.limit = limit
+        self.longest = 0  # the longest Label entry encoded so far: a cheap bound on a label set's size
 
     def labels(self, refs: Sequence[int], what: str, room: int) -> bytes:
         """Concatenated v1 Label entries for name/value ref pairs, sorted by name; 413 when they
@@ -64,7 +65,7 @@ class _Symbols:
         except KeyError:
             it = iter(refs)
             out = [self._entry(n, v, what) for n, v in zip(it, it, strict=True)]
-        if sum([len(e) for _, e in out]) > room:
+        if len(out) * self.longest > room and sum([len(e) for _, e in out]) > room:
             raise too_large(self.limit)
         out.sort()
         return b"".join([e for _, e in out])
@@ -81,6 +82,7 @@ class _Symbols:
         name, value = self.raw[name_ref], self.raw[value_ref]
         inner = (encode_len(1, name) if name else b"") + (encode_len(2, value) if value else b"")
         entry = self.entries[key] = (name, encode_len(1, inner))
+        self.longest = max(self.longest, len(entry[1]))
         return entry
 
     def get(self, ref: int, what: str) -> str:
