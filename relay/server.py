@@ -1,19 +1,15 @@
 """The relay's HTTP front: remote-write in, self-metrics, health, reload, cardinality, status page.
 
 The handler only parses HTTP and maps results to status codes; everything else is delegated to an
-``Endpoints`` object (relay.service.Runtime in production, fakes in tests). What it guards against:
-- framing: a Content-Length that is missing (411 on a write), invalid, negative or duplicated (400),
-  a body shorter than it (400, not processed), chunked bodies (411: Prometheus and vmagent always
-  send a length, and a write must be bounded before it is read);
-- slow clients: headers and body must arrive within ``read_timeout`` of the request's first byte
-  (a total, not per read), and a kept-alive connection idle for ``idle_timeout`` is closed;
-- load: at most ``max_concurrent`` writes at a time and ``max_connections`` connections; beyond
-  either, an immediate 503 with Retry-After, before any body is read (the sender backs off);
-- replies go out in one write with TCP_NODELAY (no 40 ms Nagle/delayed-ACK stall), echo nothing of
-  the request, and a client that hangs up is a debug line.
-Two listeners: ``serve_write`` (POST /api/v1/write) and ``serve_telemetry`` (/metrics,
-/api/v1/cardinality, the status page at /, POST /-/reload when ``enable_lifecycle``); /-/healthy and
-/-/ready are served by both, for probes.
+``Endpoints`` object (relay.service.Runtime in production, fakes in tests). It guards the framing (a
+missing Content-Length on a write 411; invalid, negative or duplicated 400; a short body 400, not
+processed; chunked 411, as a write is bounded before it is read), slow clients (headers and body
+within ``read_timeout`` in total; idle keep-alive connections closed after ``idle_timeout``) and load
+(``max_concurrent`` writes, ``max_connections`` connections; beyond, an immediate 503 with
+Retry-After and no body read). Replies go out in one write with TCP_NODELAY and echo nothing of the
+request; a client that hangs up is a debug line. ``serve_write`` serves POST /api/v1/write,
+``serve_telemetry`` /metrics, /api/v1/cardinality, the status page at / and POST /-/reload (with
+``enable_lifecycle``); both serve /-/healthy and /-/ready, for probes.
 """
 
 from __future__ import annotations
@@ -302,7 +298,9 @@ class RelayHTTPServer(ThreadingHTTPServer):
     ) -> None:
         if not (serve_write or serve_telemetry):
             raise ValueError("a listener that serves neither writes nor telemetry serves nothing")
-        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        host, port = address
+        self._dual_stack = not host and socket.has_ipv6  # ":9202": IPv6 and IPv4, where the host has IPv6
+        self.address_family = socket.AF_INET6 if ":" in host or self._dual_stack else socket.AF_INET
         self.endpoints = endpoints
         self.serve_write = serve_write
         self.serve_telemetry = serve_telemetry
@@ -316,9 +314,17 @@ class RelayHTTPServer(ThreadingHTTPServer):
         self._refused: dict[str, int] = {}
         self._warned_at: dict[str, float] = {}
         self._thread: threading.Thread | None = None
-        super().__init__(address, _Handler)
+        try:
+            super().__init__(("::", port) if self._dual_stack else address, _Handler)
+        except OSError:
+            if not self._dual_stack:
+                raise
+            self._dual_stack, self.address_family = False, socket.AF_INET  # IPv6 disabled: IPv4 only
+            super().__init__(("0.0.0.0", port), _Handler)
 
     def server_bind(self) -> None:
+        if self._dual_stack:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         TCPServer.server_bind(self)  # not HTTPServer's, whose getfqdn() may wait on DNS
         self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
 
@@ -398,9 +404,9 @@ class RelayHTTPServer(ThreadingHTTPServer):
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
-    """``127.0.0.1:9201``, ``:9201`` (all interfaces), ``[::1]:9201``."""
+    """``127.0.0.1:9201``, ``[::1]:9201``, ``:9201`` (all interfaces: host "", which RelayHTTPServer
+    binds on IPv6 and IPv4 where the machine has IPv6, as Prometheus does; ``0.0.0.0:9201``: IPv4 only)."""
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit():
         raise ValueError(f"invalid listen address {listen!r}: expected host:port")
-    host = host.strip("[]")
-    return (host or "0.0.0.0", int(port))
+    return (host.strip("[]"), int(port))

@@ -480,3 +480,17 @@ def test_write_with_expect_100_continue_gets_continue_then_its_reply(serve: Serv
 def test_http_1_0_request_is_answered_and_closed(serve: Serve) -> None:
     answer = exchange(serve(), b"GET /-/healthy HTTP/1.0\r\n\r\n", timeout=2)
     assert status_of(answer) == 200 and b"Connection: close" in answer and not answer.endswith(b"<still open>")
+
+
+def test_listen_without_a_host_takes_ipv4_and_ipv6_connections(serve: Serve) -> None:
+    # ":9202" (the sidecar's telemetry port) must be scrapable on the pod's IPv4 and IPv6 addresses
+    assert parse_listen(":9202") == ("", 9202) and parse_listen("0.0.0.0:9202") == ("0.0.0.0", 9202)
+    server = serve(address=parse_listen(":0"))
+    port = server.server_address[1]
+    families = [("127.0.0.1", socket.AF_INET)] + ([("::1", socket.AF_INET6)] if _ipv6_loopback() else [])
+    for host, family in families:
+        with socket.socket(family) as sock:
+            sock.settimeout(5)
+            sock.connect((host, port))
+            sock.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert read_until_closed(sock).startswith(b"HTTP/1.1 200 "), host
