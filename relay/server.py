@@ -171,6 +171,9 @@ class _Handler(BaseHTTPRequestHandler):
             log.debug("%s hung up during %s %s: %s", self.client_address[0], self.command, parts.path, e.reason)
             self.close_connection = True
             return
+        except Exception:  # a bug here must still answer, as a handler's does (see _call)
+            log.exception("internal error handling %s %s", self.command, parts.path)
+            reply = _text(500, "internal error")
         try:
             self._send(reply)
         except OSError as e:

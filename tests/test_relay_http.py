@@ -494,3 +494,14 @@ def test_listen_without_a_host_takes_ipv4_and_ipv6_connections(serve: Serve) -> 
             sock.connect((host, port))
             sock.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             assert read_until_closed(sock).startswith(b"HTTP/1.1 200 "), host
+
+
+class BrokenEndpoints(Recorder):
+    @property
+    def ready(self) -> Any:  # an endpoint that fails before it is even called
+        raise RuntimeError("not wired")
+
+
+def test_endpoints_failing_outside_a_call_still_get_a_500_not_a_dropped_connection(serve: Serve) -> None:
+    answer = exchange(serve(BrokenEndpoints()), b"GET /-/healthy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert status_of(answer) == 500 and body_of(answer) == b"internal error\n"
