@@ -136,7 +136,7 @@ class _DestinationStage:
             tracker.observe(sid, metric, labels)  # refresh label statistics on cache misses
         return (lb, sid, metric)
 
-    def take(self, entries: list[tuple[wire.DestDecision, bytes, int]]) -> tuple[list[Piece], int, int]:
+    def take(self, entries: list[wire.RoutedEntry]) -> tuple[list[Piece], int, int]:
         """Filter one request's routed series through aggregation and limits, and shard them.
         Returns (queue pieces, samples kept, samples routed here)."""
         shards = self.shards
@@ -150,7 +150,7 @@ class _DestinationStage:
         seen: list[tuple[int, str]] = []
         prefix = wire.LEN_PREFIX
         kept = routed = 0
-        for decision, rest, n in entries:
+        for decision, rest, n, _oldest in entries:
             routed += n
             lb, sid, metric = decision
             if not lb:  # a drop decided once for this series; metric slot holds the reason
@@ -292,13 +292,13 @@ class Pipeline:
                 histograms=routed.histograms_in,
                 exemplars=routed.exemplars_in,
             )
-            self.tracker_in.observe_many([(d[1], d[2]) for d, _rest, _n in routed.per_dest[0]])
+            self.tracker_in.observe_many([(d[1], d[2]) for d, _rest, _n, _ts in routed.per_dest[0]])
             if routed.metadata:
                 self._learn_counters(routed.metadata)
             pieces_per_dest: list[list[Piece]] = []
             for i, stage in enumerate(self.stages):
                 pieces, kept, routed_here = stage.take(routed.per_dest[i + 1])
-                by_rules = result.samples - routed_here
+                by_rules = result.samples + result.histograms - routed_here  # n counts histograms too
                 if by_rules:
                     self.metrics.samples_dropped_total.labels(stage.name, "rules").inc(by_rules)
                     stage.stats.record_drop("rules", series=0, samples=by_rules)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import struct
 
 _U64 = (1 << 64) - 1
+MAX_FIELD_NUMBER = (1 << 29) - 1  # protobuf's parsers refuse larger ones; gogo reads them as negative
 _DOUBLE = struct.Struct("<d")
 
 
@@ -112,8 +113,8 @@ def fields(buf: bytes, start: int, end: int) -> list[tuple[int, int, int, int, i
         tag_start = pos
         tag, pos = uvarint(buf, pos)
         number, wire_type = tag >> 3, tag & 7
-        if number == 0:
-            raise malformed("field number 0")
+        if number == 0 or number > MAX_FIELD_NUMBER:
+            raise malformed(f"field number {number}")
         if wire_type == 2:
             vstart, pos = read_len(buf, pos, end)
         else:

@@ -190,7 +190,7 @@ class Runtime:
             raw = wire.decompress(body, self.max_request_bytes)
             counts = None
             if version == 2:
-                raw, counts = wire.v2_to_v1(raw)
+                raw, counts = wire.v2_to_v1(raw, self.max_request_bytes)
             self.pipeline.ingest(raw)
         except wire.WireError as e:
             self.rm.requests_received_total.labels(str(e.status)).inc()

@@ -25,6 +25,7 @@ _SUMMARY_TYPE = 5
 _DOUBLE = struct.Struct("<d")
 _ZERO8 = bytes(8)
 _U1 = [bytes((i,)) for i in range(128)]
+DEFAULT_MAX_BYTES = 32 << 20  # relay.config.ServerConfig.max_request_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,18 +37,26 @@ class V2Counts:
     exemplars: int
 
 
+def too_large(limit: int) -> WireError:
+    return WireError(413, f"remote-write 2.0 request transcodes to remote-write 1.0 over the limit of {limit} bytes "
+                          "(server.max_request_bytes)")
+
+
 class _Symbols:
     """The request's symbol table with validated refs and cached encoded Label entries."""
 
-    def __init__(self, symbols: Sequence[str]) -> None:
+    def __init__(self, symbols: Sequence[str], limit: int) -> None:
         if symbols and symbols[0] != "":
             raise WireError(400, "invalid symbols table: symbols[0] must be the empty string")
         self.text = symbols
         self.raw = [s.encode() for s in symbols]
         self.entries: dict[int, tuple[bytes, bytes]] = {}
+        self.limit = limit
+        self.longest = 0  # the longest Label entry encoded so far: a cheap bound on a label set's size
 
-    def labels(self, refs: Sequence[int], what: str) -> bytes:
-        """Concatenated v1 Label entries for name/value ref pairs, sorted by name."""
+    def labels(self, refs: Sequence[int], what: str, room: int) -> bytes:
+        """Concatenated v1 Label entries for name/value ref pairs, sorted by name; 413 when they
+        would take more than ``room`` bytes (checked before they are joined)."""
         if len(refs) % 2:
             raise WireError(400, f"invalid {what} labels_refs: odd count {len(refs)}")
         it = iter(refs)
@@ -56,6 +65,8 @@ class _Symbols:
         except KeyError:
             it = iter(refs)
             out = [self._entry(n, v, what) for n, v in zip(it, it, strict=True)]
+        if len(out) * self.longest > room and sum([len(e) for _, e in out]) > room:
+            raise too_large(self.limit)
         out.sort()
         return b"".join([e for _, e in out])
 
@@ -71,6 +82,7 @@ class _Symbols:
         name, value = self.raw[name_ref], self.raw[value_ref]
         inner = (encode_len(1, name) if name else b"") + (encode_len(2, value) if value else b"")
         entry = self.entries[key] = (name, encode_len(1, inner))
+        self.longest = max(self.longest, len(entry[1]))
         return entry
 
     def get(self, ref: int, what: str) -> str:
@@ -79,20 +91,26 @@ class _Symbols:
         return self.text[ref]
 
 
-def v2_to_v1(raw: bytes) -> tuple[bytes, V2Counts]:
-    """Transcode a v2 Request: labels resolved and sorted, metadata as deduplicated MetricMetadata."""
+def v2_to_v1(raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, V2Counts]:
+    """Transcode a v2 Request: labels resolved and sorted, metadata as deduplicated MetricMetadata.
+
+    WireError(413) as soon as the v1 output would pass ``max_bytes``: a few KB of v2 can reference
+    one long symbol thousands of times, so the size is checked series by series, before joining.
+    """
     try:
         request = v2pb.Request.FromString(raw)
     except DecodeError:
         raise WireError(400, "malformed protobuf: not a valid io.prometheus.write.v2.Request") from None
-    symbols = _Symbols(request.symbols)
+    symbols = _Symbols(request.symbols, max_bytes)
+    left = max_bytes  # output bytes still allowed
     out: list[bytes] = []
     metadata: dict[str, bytes] = {}
     samples = histograms = exemplars = 0
     pack = _DOUBLE.pack
     stamps: dict[int, bytes] = {}  # timestamp -> encoded field 2; a request repeats a few timestamps
     for ts in request.timeseries:
-        labels = symbols.labels(ts.labels_refs, "series")
+        labels = symbols.labels(ts.labels_refs, "series", left)
+        used = len(labels) + 2  # at least: the TimeSeries tag and length, 2 bytes a sample
         rest = []
         for s in ts.samples:  # value=1 timestamp=2; start_timestamp dropped
             bits = pack(s.value)
@@ -104,12 +122,23 @@ def v2_to_v1(raw: bytes) -> tuple[bytes, V2Counts]:
                     stamp = stamps[t] = b"\x10" + encode_int64(t)
                 inner += stamp
             rest.append(b"\x12" + _U1[len(inner)] + inner)  # a Sample is at most 20 bytes
+        used += 2 * len(ts.samples)
         for e in ts.exemplars:
-            rest.append(encode_len(3, _exemplar(e, symbols)))
+            exemplar = encode_len(3, _exemplar(e, symbols, left - used))
+            used += len(exemplar)
+            rest.append(exemplar)
         for h in ts.histograms:
             h.ClearField("start_timestamp")
-            rest.append(encode_len(4, h.SerializeToString()))
-        out.append(encode_len(1, labels + b"".join(rest)))
+            histogram = encode_len(4, h.SerializeToString())
+            used += len(histogram)
+            rest.append(histogram)
+        if used > left:
+            raise too_large(max_bytes)
+        entry = encode_len(1, labels + b"".join(rest))
+        left -= len(entry)
+        if left < 0:
+            raise too_large(max_bytes)
+        out.append(entry)
         samples += len(ts.samples)
         exemplars += len(ts.exemplars)
         histograms += len(ts.histograms)
@@ -117,12 +146,15 @@ def v2_to_v1(raw: bytes) -> tuple[bytes, V2Counts]:
             meta = _metadata(ts, symbols)
             if meta is not None and meta[0] not in metadata:
                 metadata[meta[0]] = meta[1]
+                left -= len(meta[1])
+                if left < 0:
+                    raise too_large(max_bytes)
     out.extend(metadata.values())
     return b"".join(out), V2Counts(samples, histograms, exemplars)
 
 
-def _exemplar(e: v2pb.Exemplar, symbols: _Symbols) -> bytes:
-    body = symbols.labels(e.labels_refs, "exemplar")
+def _exemplar(e: v2pb.Exemplar, symbols: _Symbols, room: int) -> bytes:
+    body = symbols.labels(e.labels_refs, "exemplar", room)
     bits = _DOUBLE.pack(e.value)
     if bits != _ZERO8:
         body += b"\x11" + bits
