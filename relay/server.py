@@ -119,7 +119,9 @@ class _Handler(BaseHTTPRequestHandler):
             elif parts.path == "/api/v1/cardinality":
                 self._send(ep.cardinality(parse_qs(parts.query)))
             elif parts.path == "/":
-                self._send(Reply(200, _INDEX, "text/html; charset=utf-8"))
+                page = getattr(ep, "status_page", None)  # the service's status page, when it has one
+                index = Reply(200, _INDEX, "text/html; charset=utf-8")
+                self._send(page(parse_qs(parts.query)) if callable(page) else index)
             else:
                 self._send(Reply(404, b"not found\n"))
         except Exception:

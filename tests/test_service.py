@@ -418,11 +418,12 @@ def test_collision_through_http(start: StartRelay, rx: RecordingServer, caplog: 
 # ---- dry run and the cardinality endpoint -------------------------------------------------------
 
 
-DRY = """\
+AMP_URL = "https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-1/api/v1/remote_write"
+DRY = f"""\
   - name: dry
-    url: http://127.0.0.1:1/api/v1/write
+    url: {AMP_URL}
     dry_run: true
-    write_relabel_configs: [{source_labels: [__name__], regex: "a_.*", action: keep}]
+    write_relabel_configs: [{{source_labels: [__name__], regex: "a_.*", action: keep}}]
   - name: other
     url: http://127.0.0.1:1/api/v1/write
     dry_run: true
@@ -467,6 +468,11 @@ def test_dry_run_sends_nothing_and_reports(start: StartRelay, tmp_path: Path) ->
     assert default["top_metrics"]["in"] == [{"metric": "a_x", "series": 2}]
     status, other = relay.get_json("/api/v1/cardinality?destination=other")
     assert status == 200 and other["active_series"] == {"in": 3, "out": 3}
+    # the AMP bill only for AMP destinations (issue 10): "other" is not an AMP workspace
+    assert other["estimated_cost"] is None and other["amp_region"] is None
+    assert snap["amp_region"] == "us-east-1"
+    assert "us-east-1 list prices" in cost["price_table"]["region_note"]
+    assert "HA duplicates" in cost["leaves_out"]
     assert relay.metric("gpu_relay_samples_kept_total", destination="dry") == 4
     assert relay.metric("gpu_relay_active_series", destination="dry", direction="out") == 2
 
