@@ -492,12 +492,29 @@ def test_report_renders_a_running_runtime(start: StartRelay) -> None:
     t = now_ms()
     assert relay.post([(S("a_x", gpu="0"), [(t, 1.0)]), (S("b_y", gpu="0"), [(t, 1.0)])]) == 204
     text = fetch_and_render(relay.url, "dry", 5)
-    assert text.startswith("destination dry  (window 3600s)\n")
-    assert re.search(r"^active series\s+2\s+1$", text, re.M), text
-    assert re.search(r"^a_x\s+1\s+a_x\s+1$", text, re.M), text
-    assert re.search(r"^b_y\s+1$", text, re.M), text
-    assert re.search(r"^rules\s+0\s+1$", text, re.M), text
+    assert text.startswith("== destination dry ==\n")
+    assert re.search(r"^  state +dry run$", text, re.M), text
+    assert re.search(r"^  dry_run +true$", text, re.M), text
+    assert re.search(r"^  active series +in 2, out 1$", text, re.M), text
+    assert re.search(r"^top metrics by series, in\n.*\n  a_x +1\n  b_y +1$", text, re.M), text
+    assert re.search(r"^  rules +0 +1$", text, re.M), text
     assert "estimated AMP bill per month" in text
+    # no destination named: every destination, one block each; the AMP bill only for the AMP one
+    text = fetch_and_render(relay.url, None, 5)
+    assert [ln for ln in text.splitlines() if ln.startswith("== ")] == [
+        "== destination dry ==", "== destination other =="]
+    other = text[text.index("== destination other =="):]
+    assert "estimated AMP bill" not in other and "no AMP bill" in other
+
+
+def test_report_cli_names_an_unknown_destination_in_the_relays_words(
+        start: StartRelay, capsys: pytest.CaptureFixture[str]) -> None:
+    from relay.cli import main
+
+    relay = start(DRY)
+    assert main(["report", "--url", relay.url, "--destination", "nope"]) == 1
+    err = capsys.readouterr().err
+    assert err == "gpu-relay report: unknown destination 'nope' (destinations: dry, other)\n"
 
 
 # ---- health, metrics ----------------------------------------------------------------------------
