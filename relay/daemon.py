@@ -70,6 +70,12 @@ def startup_line(config: Config, runtime: Runtime, servers: list[RelayHTTPServer
     return f"gpu-relay {__version__}: {where}; destinations: {dests}"
 
 
+def log_config_warnings(config: Config) -> None:
+    """Each key the config accepted but cannot honour, one warning line each (Config.warnings)."""
+    for warning in getattr(config, "warnings", ()):
+        log.warning("%s", warning)
+
+
 def run(config_path: str, *, enable_lifecycle: bool = False,
         watch_interval_s: float = DEFAULT_INTERVAL_S) -> int:
     try:
@@ -77,8 +83,7 @@ def run(config_path: str, *, enable_lifecycle: bool = False,
     except ConfigError as e:
         log.error("cannot start, the configuration has errors:\n%s", e)
         return 1
-    for warning in getattr(config, "warnings", ()):
-        log.warning("%s", warning)
+    log_config_warnings(config)
     try:
         runtime = Runtime(config_path, config)
     except SetupError as e:
