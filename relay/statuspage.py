@@ -58,7 +58,7 @@ def _when(ts: float | None, now: float) -> str:
 
 
 def _num(key: str, value: float, text: str) -> str:
-    return f'<td class="n" data-key="{escape(key)}" data-value="{escape(repr(value))}">{escape(text)}</td>'
+    return f'<td class="n" data-key="{escape(key)}" data-value="{escape(repr(float(value)))}">{escape(text)}</td>'
 
 
 def _row(label: str, cell: str) -> str:
