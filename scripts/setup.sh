@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh Debian machine: the Debian packages the tests and the demo use
-# (real Prometheus and vmagent as peers, headless Chromium for the status page), and a virtualenv in .venv with the project installed.
+# (real Prometheus and vmagent as peers, headless Chromium for the status page), and a virtualenv
+# in .venv with the project installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -110,7 +110,8 @@ def start_relay(tmp: Path, config_yaml: str, env: dict[str, str] | None = None, 
     port = port or free_port()
     cfg = tmp / "relay.yaml"
     cfg.write_text(config_yaml.replace("@PORT@", str(port)))
-    proc = Proc([str(VENV_BIN / "gpu-relay"), *args, "run", *run_args, "--config", str(cfg)], tmp / "relay.log", env=env)
+    argv = [str(VENV_BIN / "gpu-relay"), *args, "run", *run_args, "--config", str(cfg)]
+    proc = Proc(argv, tmp / "relay.log", env=env)
     url = f"http://127.0.0.1:{port}"
     proc.wait_http(url + "/-/ready")
     return proc, url
