@@ -119,6 +119,10 @@ class Generation:
     start_senders: list[Sender] = field(default_factory=list)
     forget: list[str] = field(default_factory=list)
     opened: list[DurableQueue] = field(default_factory=list)
+    # new senders on a kept queue whose max_shards changed: they first drain what the old count sharded
+    barriers: list[tuple[Sender, DurableQueue]] = field(default_factory=list)
+    # kept queues whose max_disk changed
+    resize: list[tuple[DurableQueue, int]] = field(default_factory=list)
 
     def abandon(self) -> None:
         """Undo ``prepare`` (a later step failed): close only what it opened itself."""
@@ -139,6 +143,14 @@ class Generation:
         for name in self.forget:
             cm.untrack(name)
             rm.forget_destination(name)  # its gpu_relay_* series left with it
+        for q, max_disk in self.resize:
+            q.max_disk_bytes = max_disk
+        for sender, q in self.barriers:
+            # Entries up to the queue's newest id were sharded under the old count: the new sender
+            # ships them first, in id order, so per-series order holds (relay.sender's drain_first).
+            last_id = getattr(q, "last_id", None)
+            if callable(last_id):
+                setattr(sender, "drain_first", last_id())  # noqa: B010 - an attribute of newer senders
         if start:
             for s in self.start_senders:
                 s.start()
@@ -202,6 +214,8 @@ def _prepare_one(
         path = queue_path(storage, d)
         if old is not None and old.queue is not None and _same_queue(old, storage, d):
             queue = old.queue  # one DurableQueue per file: its counts live in memory
+            if old.config.queue.max_disk != d.queue.max_disk:
+                gen.resize.append((queue, d.queue.max_disk))
         else:
             try:
                 queue = queue_factory(d, path)
@@ -223,6 +237,8 @@ def _prepare_one(
             headers=d.headers, auth_refresh=auth_refresh, user_agent=f"gpu-relay/{__version__}",
         )
         gen.start_senders.append(sender)
+        if old is not None and old.queue is queue and old.config.queue.max_shards != d.queue.max_shards:
+            gen.barriers.append((sender, queue))
     if old is not None:
         if old.sender is not None:
             gen.stop_senders.append(old.sender)

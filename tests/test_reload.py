@@ -16,6 +16,7 @@ import snappy
 from relay import wire
 from relay.config import DestinationConfig, load_config
 from relay.configwatch import ConfigWatcher, file_signature
+from relay.queue import DurableQueue
 from relay.scrape import Scraper, ScrapeTarget
 from relay.service import Runtime
 from relay.transport import Response
@@ -281,3 +282,42 @@ def test_config_watcher_logs_a_missing_file_once_and_reloads_when_it_returns(
     assert file_signature(str(tmp_path / "absent")) is None
     with pytest.raises(ValueError, match="interval_s must be positive"):
         ConfigWatcher(str(path), lambda: (True, ""), interval_s=0)
+
+
+def test_reload_changing_max_disk_resizes_the_kept_queue(running: list[Running], tmp_path: Path,
+                                                         rx: RecordingServer) -> None:
+    r = start(running, tmp_path, dest("rx", rx.url))
+    queue = r.runtime.destinations["rx"].queue
+    assert queue is not None
+    bigger = dest("rx", rx.url).replace("max_shards: 2", "max_shards: 2, max_disk: 1MiB")
+    r.path.write_text(config_text(tmp_path, bigger))
+    assert r.runtime.reload_config() == (True, "configuration reloaded")
+    assert r.runtime.destinations["rx"].queue is queue  # one queue object per file, kept
+    assert queue.max_disk_bytes == 1 << 20
+
+
+@pytest.mark.skipif(not hasattr(DurableQueue, "last_id"),
+                    reason="needs relay.queue's shard barrier (DurableQueue.last_id, Sender.drain_first)")
+def test_reload_changing_max_shards_keeps_per_series_order(running: list[Running], tmp_path: Path) -> None:
+    down = ScriptedTransport(503)
+    up = ScriptedTransport(204)
+
+    def factory(d: DestinationConfig) -> ScriptedTransport:
+        return down if "max-4" in d.url else up
+
+    r = start(running, tmp_path, dest("d", "http://max-4/api/v1/write").replace("max_shards: 2", "max_shards: 4"),
+              transport_factory=factory)
+    t = now_ms()
+    names = [f"s{i}" for i in range(8)]
+    for step in range(10):  # queued under 4 shards while the destination is down
+        assert r.post([(S("m", s=n), [(t + step, float(step))]) for n in names]) == 204
+    r.path.write_text(config_text(tmp_path, dest("d", "http://max-2/api/v1/write")))
+    assert r.runtime.reload_config() == (True, "configuration reloaded")
+    for step in range(10, 20):  # queued under 2 shards
+        assert r.post([(S("m", s=n), [(t + step, float(step))]) for n in names]) == 204
+    assert wait_until(lambda: len(up.samples()) >= 160, timeout=20)
+    got = up.samples()
+    assert len(got) == 160  # none lost, none twice
+    for n in names:
+        stamps = [ts for lb, ts, _ in got if lb == S("m", s=n)]
+        assert stamps == sorted(stamps) == [t + k for k in range(20)], n
