@@ -36,6 +36,21 @@ class RelayMetrics:
             p + "config_reloads", "Configuration reloads, by result (success|failure).",
             ["result"], registry=registry,
         )
+        # the process and its configuration (service)
+        self.build_info = Gauge(
+            p + "build_info", "Always 1; the relay's version and whether its native per-series loop is used.",
+            ["version", "native"], registry=registry,
+        )
+        self.build_info.labels(__version__, "false").set(1)
+        self.config_last_reload_successful = Gauge(
+            p + "config_last_reload_successful",
+            "1 if the last configuration (re)load succeeded, 0 if it was refused.", registry=registry,
+        )
+        self.config_last_reload_success_timestamp_seconds = Gauge(
+            p + "config_last_reload_success_timestamp_seconds",
+            "Unix time of the last successful configuration (re)load.", registry=registry,
+        )
+        ProcessCollector(registry=registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
         # per destination: rules and queue
         self.samples_kept_total = Counter(
             p + "samples_kept", "Samples kept by a destination's rules and queued for sending.",
@@ -76,22 +91,6 @@ class RelayMetrics:
             p + "send_duration_seconds", "Duration of one remote-write HTTP request, any outcome.",
             ["destination"], buckets=SEND_DURATION_BUCKETS, registry=registry,
         )
-
-        # the process and its configuration (service)
-        self.build_info = Gauge(
-            p + "build_info", "Always 1; the relay's version and whether its native per-series loop is used.",
-            ["version", "native"], registry=registry,
-        )
-        self.build_info.labels(__version__, "false").set(1)
-        self.config_last_reload_successful = Gauge(
-            p + "config_last_reload_successful",
-            "1 if the last configuration (re)load succeeded, 0 if it was refused.", registry=registry,
-        )
-        self.config_last_reload_success_timestamp_seconds = Gauge(
-            p + "config_last_reload_success_timestamp_seconds",
-            "Unix time of the last successful configuration (re)load.", registry=registry,
-        )
-        ProcessCollector(registry=registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
 
     def forget_destination(self, destination: str) -> None:
         """Remove a destination's series (after it left the configuration)."""
