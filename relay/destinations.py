@@ -130,10 +130,7 @@ class Generation:
             with contextlib.suppress(Exception):
                 q.close()
         for s in self.start_senders:
-            close = getattr(s.transport, "close", None)
-            if callable(close):
-                with contextlib.suppress(Exception):
-                    close()
+            _close(s.transport)
 
     def commit(self, rm: RelayMetrics, cm: CardinalityMetrics, *, start: bool = True) -> None:
         for s in self.stop_senders:  # final: no request of the old sender in flight after this
@@ -211,6 +208,11 @@ def _prepare_one(
     queue: DurableQueue | None = None
     sender: Sender | None = None
     if not d.dry_run:
+        # credentials first: they fail more often, and a queue opened for nothing logs its recovery
+        try:
+            transport = transport_factory(d)
+        except Exception as e:
+            raise SetupError(d.name, "credentials", e, _credential_hint(d)) from None
         path = queue_path(storage, d)
         if old is not None and old.queue is not None and _same_queue(old, storage, d):
             queue = old.queue  # one DurableQueue per file: its counts live in memory
@@ -220,13 +222,10 @@ def _prepare_one(
             try:
                 queue = queue_factory(d, path)
             except Exception as e:
+                _close(transport)
                 raise SetupError(d.name, f"its queue {path}", e,
                                  "check that storage.path is writable and has free space") from None
             gen.opened.append(queue)
-        try:
-            transport = transport_factory(d)
-        except Exception as e:
-            raise SetupError(d.name, "credentials", e, _credential_hint(d)) from None
         auth = getattr(transport, "auth", None)
         resolved = getattr(auth, "method", None)
         if isinstance(resolved, str) and resolved:
@@ -245,6 +244,13 @@ def _prepare_one(
         if old.queue is not None and old.queue is not queue:
             gen.close_queues.append(old.queue)
     return Destination(d, stats, queue, sender, method)
+
+
+def _close(transport: object) -> None:
+    close = getattr(transport, "close", None)
+    if callable(close):
+        with contextlib.suppress(Exception):
+            close()
 
 
 def _same_queue(old: Destination, storage: Path, d: DestinationConfig) -> bool:
