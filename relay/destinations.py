@@ -123,9 +123,17 @@ class Generation:
     barriers: list[tuple[Sender, DurableQueue]] = field(default_factory=list)
     # kept queues whose max_disk changed
     resize: list[tuple[DurableQueue, int]] = field(default_factory=list)
+    # stats made afresh (name, the running stats they replace): tracked for /metrics from creation
+    new_stats: list[tuple[str, DestinationStats | None]] = field(default_factory=list)
 
-    def abandon(self) -> None:
-        """Undo ``prepare`` (a later step failed): close only what it opened itself."""
+    def abandon(self, cm: CardinalityMetrics) -> None:
+        """Undo ``prepare`` (a later step failed): close only what it opened itself, and put the
+        running stats back behind gpu_relay_active_series."""
+        for name, old in self.new_stats:
+            if old is not None:
+                cm.track(old)
+            else:
+                cm.untrack(name)
         for q in self.opened:
             with contextlib.suppress(Exception):
                 q.close()
@@ -176,7 +184,7 @@ def prepare(
             gen.destinations[d.name] = _prepare_one(d, running.get(d.name), storage, gen, rm, cm,
                                                     transport_factory, queue_factory)
     except BaseException:
-        gen.abandon()
+        gen.abandon(cm)
         raise
     for name, old in running.items():
         if name not in gen.destinations:
@@ -202,6 +210,7 @@ def _prepare_one(
         stats = old.stats
     else:  # new, or limits.window changed: series are tracked afresh over the new window
         stats = DestinationStats(d.name, window_s=d.limits.window, metrics=cm)
+        gen.new_stats.append((d.name, old.stats if old is not None else None))
     method = credential_method(d)
     if old is not None and sender_key(old.config) == sender_key(d) and _same_queue(old, storage, d):
         return Destination(d, stats, old.queue, old.sender, method)

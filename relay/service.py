@@ -117,7 +117,7 @@ class Runtime:
                 cardinality=self.cardinality_metrics, clock=self.clock, previous=previous,
             )
         except BaseException:
-            gen.abandon()
+            gen.abandon(self.cardinality_metrics)
             raise
 
     # -- lifecycle -------------------------------------------------------------------------------

@@ -119,6 +119,7 @@ def test_reload_adding_a_destination_whose_queue_cannot_open_keeps_the_old_confi
     assert "destination second: cannot set up its queue" in message
     assert "storage.path" in message  # what to do
     assert list(r.runtime.destinations) == ["rx"]
+    assert 'destination="second"' not in r.runtime.metrics("").body.decode()  # nothing left behind
     t = now_ms()
     assert r.post([(S("m"), [(t, 1.0)])]) == 204
     assert wait_until(lambda: len(rx.snapshot()) == 1)
