@@ -27,7 +27,8 @@ font-size:.85em;font-weight:600;margin-left:.5em;vertical-align:middle}.sending{
 .failing{background:#fbd5d5;color:#8a1111}.dry{background:#e3e8f5;color:#243a73}
 table{border-collapse:collapse;margin:.3em 0 .8em}td,th{padding:.15em .8em .15em 0;text-align:left;
 vertical-align:top}td.n{text-align:right;font-variant-numeric:tabular-nums}th{color:#555;font-weight:600}
-.err{color:#8a1111}.cols{display:flex;gap:2em;flex-wrap:wrap}.small{color:#666;font-size:.9em}
+.err{color:#8a1111}.cols{display:flex;gap:2.5em;flex-wrap:wrap;align-items:flex-start}
+.small{color:#666;font-size:.9em}
 code{font-size:.95em}
 """
 
@@ -48,6 +49,16 @@ def _age(seconds: float | None) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def _size(nbytes: float, limit: float | None) -> str:
+    def human(n: float) -> str:
+        for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+            if n >= size:
+                return f"{n / size:.1f} {unit}"
+        return f"{n:.0f} B"
+
+    return human(float(nbytes)) + (f" of {human(float(limit))}" if limit else "")
 
 
 def _when(ts: float | None, now: float) -> str:
@@ -120,6 +131,7 @@ def _destination(snap: Mapping[str, Any], samples_in: float, now: float) -> str:
                              _fmt_int(float(sending.get("samples_retried", 0))))),
         _row("queue depth (samples)", _num(f"{k}.queue_samples", float(queue.get("samples", 0)),
                                            _fmt_int(float(queue.get("samples", 0))))),
+        _row("queue size", _text(f"{k}.queue_bytes", _size(queue.get("bytes", 0), queue.get("max_bytes")))),
         _row("oldest queued", _text(f"{k}.queue_oldest", _age(queue.get("oldest_age_seconds")))),
         _row("last success", _text(f"{k}.last_success", _when(sending.get("last_success"), now))),
         _row("last error", _text(f"{k}.last_error", err_text, "err" if err else "")),
@@ -139,7 +151,7 @@ def _destination(snap: Mapping[str, Any], samples_in: float, now: float) -> str:
         f'<span class="state {cls}" data-key="{escape(k)}.state">{escape(state)}</span></h2>'
         f'<div class="small"><code>{escape(str(snap.get("url", "")))}</code> · '
         f'{escape(str(snap.get("credentials", "")))}</div>'
-        f'<table>{"".join(rows)}</table><div class="cols">{tops}</div>{_cost(k, snap)}</section>'
+        f'<div class="cols"><table>{"".join(rows)}</table><div><div class="cols">{tops}</div>{_cost(k, snap)}</div></div></section>'
     )
 
 

@@ -79,6 +79,7 @@ def test_page_shows_each_destinations_numbers_exactly() -> None:
     assert (v["amp.samples_kept"], v["amp.samples_sent"], v["amp.samples_failed"], v["amp.samples_retried"]) == (
         "1200.0", "1100.0", "3.0", "7.0")
     assert v["amp.queue_samples"] == "100.0" and p.texts["amp.queue_oldest"] == "3 s"
+    assert p.texts["amp.queue_bytes"] == "4.0 KiB of 1.0 GiB"
     assert v["amp.active_in"] == "12.0" and v["amp.active_out"] == "4.0"
     assert v["amp.top_in.DCGM_FI_DEV_GPU_UTIL"] == "12.0"
     assert v["amp.top_out.DCGM_FI_DEV_GPU_UTIL:30s_avg"] == "4.0"
