@@ -22,13 +22,13 @@ _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;background:#fafafa}
 h1{font-size:1.4em;margin:0 0 .2em}h2{font-size:1.15em;margin:0 0 .4em}
 .meta{color:#666;margin-bottom:1em}.dest{background:#fff;border:1px solid #ddd;border-radius:6px;
-padding:1em;margin:0 0 1em;max-width:60em}.state{display:inline-block;padding:.1em .6em;border-radius:1em;
+padding:1em;margin:0 0 1em;max-width:75em}.state{display:inline-block;padding:.1em .6em;border-radius:1em;
 font-size:.85em;font-weight:600;margin-left:.5em;vertical-align:middle}.sending{background:#d6f5d6;color:#14591a}
 .failing{background:#fbd5d5;color:#8a1111}.dry{background:#e3e8f5;color:#243a73}
 table{border-collapse:collapse;margin:.3em 0 .8em}td,th{padding:.15em .8em .15em 0;text-align:left;
 vertical-align:top}td.n{text-align:right;font-variant-numeric:tabular-nums}th{color:#555;font-weight:600}
 .err{color:#8a1111}.cols{display:flex;gap:2.5em;flex-wrap:wrap;align-items:flex-start}
-.small{color:#666;font-size:.9em}
+.side{flex:1;min-width:24em}.small{color:#666;font-size:.9em}
 code{font-size:.95em}
 """
 
@@ -119,29 +119,29 @@ def _destination(snap: Mapping[str, Any], samples_in: float, now: float) -> str:
     cls = {"sending": "sending", "failing": "failing"}.get(state, "dry")
     err = sending.get("last_error")
     err_text = "none" if not err else f"{_when(float(err['time']), now)}: {err['reason']}"
-    rows = [
-        _row("samples in", _num(f"{k}.samples_in", samples_in, _fmt_int(samples_in))),
-        _row("kept", _num(f"{k}.samples_kept", float(sending.get("samples_kept", 0)),
-                          _fmt_int(float(sending.get("samples_kept", 0))))),
-        _row("sent", _num(f"{k}.samples_sent", float(sending.get("samples_sent", 0)),
-                          _fmt_int(float(sending.get("samples_sent", 0))))),
-        _row("failed", _num(f"{k}.samples_failed", float(sending.get("samples_failed", 0)),
-                            _fmt_int(float(sending.get("samples_failed", 0))))),
-        _row("retried", _num(f"{k}.samples_retried", float(sending.get("samples_retried", 0)),
-                             _fmt_int(float(sending.get("samples_retried", 0))))),
-        _row("queue depth (samples)", _num(f"{k}.queue_samples", float(queue.get("samples", 0)),
-                                           _fmt_int(float(queue.get("samples", 0))))),
-        _row("queue size", _text(f"{k}.queue_bytes", _size(queue.get("bytes", 0), queue.get("max_bytes")))),
-        _row("oldest queued", _text(f"{k}.queue_oldest", _age(queue.get("oldest_age_seconds")))),
-        _row("last success", _text(f"{k}.last_success", _when(sending.get("last_success"), now))),
-        _row("last error", _text(f"{k}.last_error", err_text, "err" if err else "")),
-        _row("active series in", _num(f"{k}.active_in", float(active.get("in", 0)),
-                                      _fmt_int(float(active.get("in", 0))))),
-        _row("active series out", _num(f"{k}.active_out", float(active.get("out", 0)),
-                                       _fmt_int(float(active.get("out", 0))))),
+    def count(label: str, field: str, value: float) -> str:
+        return _row(label, _num(f"{k}.{field}", value, _fmt_int(value)))
+
+    numbers = [
+        count("samples in", "samples_in", samples_in),
+        count("kept", "samples_kept", float(sending.get("samples_kept", 0))),
+        count("sent", "samples_sent", float(sending.get("samples_sent", 0))),
+        count("failed", "samples_failed", float(sending.get("samples_failed", 0))),
+        count("retried", "samples_retried", float(sending.get("samples_retried", 0))),
+        count("queued samples", "queue_samples", float(queue.get("samples", 0))),
+        count("active series in", "active_in", float(active.get("in", 0))),
+        count("active series out", "active_out", float(active.get("out", 0))),
         _row("samples/s in", _num(f"{k}.rate_in", float(rates.get("in", 0.0)), _fmt_rate(float(rates.get("in", 0))))),
         _row("samples/s out", _num(f"{k}.rate_out", float(rates.get("out", 0.0)),
                                    _fmt_rate(float(rates.get("out", 0))))),
+    ]
+    no_queue = queue.get("max_bytes") is None
+    status = [
+        _row("last success", _text(f"{k}.last_success", _when(sending.get("last_success"), now))),
+        _row("last error", _text(f"{k}.last_error", err_text, "err" if err else "")),
+        _row("queue", _text(f"{k}.queue_bytes", "none (dry run)" if no_queue
+                            else _size(queue.get("bytes", 0), queue.get("max_bytes")))),
+        _row("oldest queued", _text(f"{k}.queue_oldest", _age(queue.get("oldest_age_seconds")))),
     ]
     top = snap.get("top_metrics", {})
     tops = (_top("top metrics in", f"{k}.top_in", top.get("in", []))
@@ -151,7 +151,9 @@ def _destination(snap: Mapping[str, Any], samples_in: float, now: float) -> str:
         f'<span class="state {cls}" data-key="{escape(k)}.state">{escape(state)}</span></h2>'
         f'<div class="small"><code>{escape(str(snap.get("url", "")))}</code> · '
         f'{escape(str(snap.get("credentials", "")))}</div>'
-        f'<div class="cols"><table>{"".join(rows)}</table><div><div class="cols">{tops}</div>{_cost(k, snap)}</div></div></section>'
+        f'<table>{"".join(status)}</table>'
+        f'<div class="cols"><table>{"".join(numbers)}</table>'
+        f'<div class="side"><div class="cols">{tops}</div>{_cost(k, snap)}</div></div></section>'
     )
 
 

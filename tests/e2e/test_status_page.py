@@ -92,7 +92,7 @@ destinations:
             dom = chromium("--dump-dom", url + "/").stdout.decode()
             after = cardinality(url, "amp")["estimated_cost"]
             png = tmp_path / "status-page.png"
-            chromium(f"--screenshot={png}", "--window-size=1100,1500", url + "/")
+            chromium(f"--screenshot={png}", "--window-size=1300,1100", url + "/")
             api = {name: cardinality(url, name) for name in ("amp", "local")}
             metrics = {
                 "samples_in": _http_metric(url, "gpu_relay_samples_received_total"),
