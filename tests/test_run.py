@@ -261,3 +261,20 @@ def test_config_warnings_are_logged_once_each(caplog: pytest.LogCaptureFixture) 
     log_config_warnings(Warned())
     got = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert got == list(Warned().warnings)
+
+
+def test_run_with_a_bad_config_fails_with_every_error_in_one_event(tmp_path: Path) -> None:
+    rc, out = run_to_exit(tmp_path, f"""\
+server: {{listen: "127.0.0.1:{free_port()}"}}
+storage: {{path: {tmp_path / 'q'}}}
+destinations:
+  - name: rx
+    url: http://127.0.0.1:1/api/v1/write
+    queue: {{max_backoff: 5q, max_shards: many}}
+""", "--log-format", "json")
+    assert rc == 1
+    [line] = out.strip().splitlines()
+    event = json.loads(line)
+    assert event["level"] == "error" and event["msg"].startswith("cannot start, the configuration has errors")
+    assert 'destinations[0].queue.max_backoff: invalid duration "5q"' in event["msg"]
+    assert "destinations[0].queue.max_shards" in event["msg"]
