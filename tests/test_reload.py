@@ -322,3 +322,29 @@ def test_reload_changing_max_shards_keeps_per_series_order(running: list[Running
     for n in names:
         stamps = [ts for lb, ts, _ in got if lb == S("m", s=n)]
         assert stamps == sorted(stamps) == [t + k for k in range(20)], n
+
+
+@pytest.mark.parametrize(("sigv4", "env", "expected"), [
+    (None, {}, "none (no sigv4)"),
+    ({"access_key": "AKIA", "secret_key": "s"}, {}, "sigv4 region r1, static keys from the config"),
+    ({"profile": "prod"}, {}, "sigv4 region r1, profile prod"),
+    ({}, {"AWS_WEB_IDENTITY_TOKEN_FILE": "/var/run/token", "AWS_ROLE_ARN": "arn:r"},
+     "sigv4 region r1, default chain (IRSA web identity)"),
+    ({}, {"AWS_CONTAINER_CREDENTIALS_FULL_URI": "http://169.254.170.23/v1/credentials"},
+     "sigv4 region r1, default chain (EKS Pod Identity / container credentials)"),
+    ({}, {"AWS_ACCESS_KEY_ID": "AKIA"}, "sigv4 region r1, default chain (environment keys)"),
+    ({"role_arn": "arn:aws:iam::1:role/w"}, {},
+     "sigv4 region r1, default chain, then assume role arn:aws:iam::1:role/w"),
+])
+def test_credential_method_names_how_a_destination_signs_without_secrets(
+        sigv4: dict[str, str] | None, env: dict[str, str], expected: str) -> None:
+    from types import SimpleNamespace
+
+    from relay.destinations import credential_method
+
+    s = None
+    if sigv4 is not None:
+        s = SimpleNamespace(**{"region": "r1", "profile": None, "role_arn": None, "access_key": None, **sigv4})
+    got = credential_method(SimpleNamespace(sigv4=s), env)  # type: ignore[arg-type]
+    assert got == expected
+    assert "AKIA" not in got and "secret" not in got
