@@ -38,6 +38,8 @@ class SetupError(RuntimeError):
 
     def __init__(self, destination: str, what: str, cause: BaseException, hint: str) -> None:
         reason = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+        for named in (f"destination {destination!r}: ", f"destination {destination}: "):
+            reason = reason.removeprefix(named)  # the cause may name the destination itself
         super().__init__(f"destination {destination}: cannot set up {what}: {reason} ({hint})")
         self.destination = destination
         self.what = what

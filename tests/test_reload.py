@@ -348,3 +348,12 @@ def test_credential_method_names_how_a_destination_signs_without_secrets(
     got = credential_method(SimpleNamespace(sigv4=s), env)  # type: ignore[arg-type]
     assert got == expected
     assert "AKIA" not in got and "secret" not in got
+
+
+def test_setup_error_is_one_line_naming_the_destination_once() -> None:
+    from relay.destinations import SetupError
+
+    e = SetupError("amp", "credentials", ValueError("destination 'amp': no credentials\ndetail"), "do X")
+    assert str(e) == "destination amp: cannot set up credentials: no credentials (do X)"
+    e = SetupError("amp", "its queue /q/amp.queue.db", OSError(), "check storage.path")
+    assert str(e) == "destination amp: cannot set up its queue /q/amp.queue.db: OSError (check storage.path)"
