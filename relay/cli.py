@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import logging
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -24,11 +23,14 @@ from relay.explain import Explainer, Outcome
 from relay.labels import METRIC_NAME, Labels, canonical, make
 from relay.preflight import MachineProbe
 from relay.rules import NO_METRIC_NAME, UnknownDestinationError
+from telemetry_common import logs
+from telemetry_common.logs import LOG_FORMATS
 
 _NAME_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_:")
 _NAME_CHARS = _NAME_START | frozenset("0123456789")
 _LABEL_START = _NAME_START - {":"}
 _LABEL_CHARS = _NAME_CHARS - {":"}
+LOG_FORMAT_ENV = "GPU_RELAY_LOG_FORMAT"
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 
 
@@ -284,9 +286,9 @@ def _cmd_import_prometheus(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    service = importlib.import_module("relay.service")
-    run = cast(Callable[[str], int], service.run)
-    return run(args.config)
+    daemon = importlib.import_module("relay.daemon")
+    run = cast(Callable[..., int], daemon.run)
+    return run(args.config, enable_lifecycle=args.enable_lifecycle, watch_interval_s=args.watch_interval)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -304,6 +306,16 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value:g}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
@@ -316,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--version", action="version", version=f"gpu-relay {__version__}")
     levels = ("debug", "info", "warning", "error")
     common.add_argument("--log-level", choices=levels, default=argparse.SUPPRESS, help="default: info")
+    common.add_argument("--log-format", choices=LOG_FORMATS, default=argparse.SUPPRESS,
+                        help="text, json or logfmt (default: $GPU_RELAY_LOG_FORMAT, else text)")
     parser = argparse.ArgumentParser(
         prog="gpu-relay",
         description="Prometheus remote-write relay: rules, cardinality limits, durable queues, SigV4.",
@@ -325,6 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", parents=[common], help="run the relay service")
     p.add_argument("--config", required=True, help="relay.yaml")
+    p.add_argument("--web.enable-lifecycle", dest="enable_lifecycle", action="store_true",
+                   help="serve POST /-/reload (like Prometheus; also server.enable_lifecycle); SIGHUP always works")
+    p.add_argument("--config.watch-interval", dest="watch_interval", type=_seconds, default=3.0,
+                   help="seconds between checks of the config file for changes, 0: off (default: %(default)s)")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser(
@@ -371,9 +389,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     level = getattr(args, "log_level", "info")
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fmt = getattr(args, "log_format", None) or os.environ.get(LOG_FORMAT_ENV, "").strip() or "text"
+    try:
+        logs.configure(fmt, level)
+    except ValueError as e:
+        parser.error(f"{LOG_FORMAT_ENV}: {e}")
     try:
         return int(args.func(args))
     except BrokenPipeError:  # `gpu-relay test-rules ... | head`: quiet, as the Python docs advise

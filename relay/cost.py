@@ -6,11 +6,18 @@ widely cited $0.35 / $0.16 per 10M and are marked unverified. Storage is billed 
 compressed samples; the bytes-per-sample figure is an assumption, stated in the table, and the
 stored volume is the steady state after ``retention_days`` of ingest at the current rate.
 The free tier (40M samples, 10 GB) is not deducted unless asked.
+
+Regions: ``REGION_PRICES`` holds the regions whose list price we have a source for; the AWS pricing
+page (https://aws.amazon.com/prometheus/pricing/, as summarised in the project's remote-write
+reference, checked 2026) shows one set of figures, those of its default region US East (N.
+Virginia), us-east-1. Any other region gets the same figures with a note that its own list price is
+not known here. The estimate leaves out queries (billed per query sample processed) and, with
+Prometheus in HA pairs, the second copy of every sample AMP ingests before it deduplicates.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 SECONDS_PER_MONTH = 730 * 3600  # AWS pricing examples use 730 hours a month
@@ -55,6 +62,30 @@ DEFAULT_PRICES = PriceTable(
     region_note="list prices of the pricing page example; region unspecified, check yours",
     bytes_per_sample_note="assumed 1.5 bytes/sample after compression (Prometheus TSDB typically 1-2)",
 )
+
+
+ESTIMATE_LEAVES_OUT = (
+    "queries ($0.10 per billion query samples processed) and HA duplicates: with two Prometheus "
+    "replicas AMP ingests, and bills, each sample twice before it deduplicates"
+)
+
+REGION_PRICES: dict[str, PriceTable] = {
+    "us-east-1": replace(
+        DEFAULT_PRICES,
+        region_note="us-east-1 list prices (the pricing page's default region)",
+    ),
+}
+
+
+def prices_for_region(region: str | None) -> PriceTable:
+    """The list prices of ``region`` when known; else the pricing page's figures, saying so."""
+    if region is not None and region in REGION_PRICES:
+        return REGION_PRICES[region]
+    where = f"region {region}" if region else "this destination's region"
+    return replace(
+        DEFAULT_PRICES,
+        region_note=f"list price of {where} not known here: us-east-1 figures used, check your region's",
+    )
 
 
 def ingest_cost(samples: float, prices: PriceTable = DEFAULT_PRICES) -> tuple[float, list[dict[str, Any]]]:

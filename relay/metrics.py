@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+
+from relay import __version__
 
 PREFIX = "gpu_relay_"
 SEND_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -34,6 +36,21 @@ class RelayMetrics:
             p + "config_reloads", "Configuration reloads, by result (success|failure).",
             ["result"], registry=registry,
         )
+        # the process and its configuration (service)
+        self.build_info = Gauge(
+            p + "build_info", "Always 1; the relay's version and whether its native per-series loop is used.",
+            ["version", "native"], registry=registry,
+        )
+        self.build_info.labels(__version__, "false").set(1)
+        self.config_last_reload_successful = Gauge(
+            p + "config_last_reload_successful",
+            "1 if the last configuration (re)load succeeded, 0 if it was refused.", registry=registry,
+        )
+        self.config_last_reload_success_timestamp_seconds = Gauge(
+            p + "config_last_reload_success_timestamp_seconds",
+            "Unix time of the last successful configuration (re)load.", registry=registry,
+        )
+        ProcessCollector(registry=registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
         # per destination: rules and queue
         self.samples_kept_total = Counter(
             p + "samples_kept", "Samples kept by a destination's rules and queued for sending.",

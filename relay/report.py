@@ -1,8 +1,18 @@
-"""``gpu-relay report``: the ``/api/v1/cardinality`` JSON as a readable terminal table."""
+"""``gpu-relay report``: every destination's ``/api/v1/cardinality`` report as one readable block each.
+
+Without ``--destination`` it shows every destination the relay has (the first answer lists them
+all). Each block: where it sends and how it signs, its state (sending / failing / dry run), sent,
+failed and retried samples, queue depth and oldest age, last success and last error, active
+series and rates in and out, top metrics and labels (in, then out: one list under the other),
+drops, and the AMP bill for AMP destinations only. An error the relay answers (an unknown
+destination) is shown in the relay's own words.
+"""
 
 from __future__ import annotations
 
 import json
+import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -11,12 +21,32 @@ from typing import Any
 Fetch = Callable[[str], Mapping[str, Any]]
 
 
+class ReportError(ValueError):
+    """The relay answered with an error (its message), or not with a JSON object."""
+
+
 def _fetch_json(url: str) -> Mapping[str, Any]:
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        data = json.loads(resp.read().decode())
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            data = json.loads(resp.read().decode())
+    except urllib.error.HTTPError as e:
+        raise ReportError(_server_error(e.code, e.read())) from None
     if not isinstance(data, Mapping):
-        raise ValueError(f"{url}: expected a JSON object, got {type(data).__name__}")
+        raise ReportError(f"{url}: expected a JSON object, got {type(data).__name__}")
     return data
+
+
+def _server_error(status: int, body: bytes) -> str:
+    try:
+        data = json.loads(body.decode())
+    except (ValueError, UnicodeDecodeError):
+        first = body.decode("utf-8", "replace").strip().splitlines()
+        return f"the relay answered HTTP {status}: {first[0] if first else '(empty body)'}"
+    if isinstance(data, Mapping) and "error" in data:
+        known = data.get("destinations")
+        also = f" (destinations: {', '.join(map(str, known))})" if isinstance(known, list) else ""
+        return f"{data['error']}{also}"
+    return f"the relay answered HTTP {status}"
 
 
 def _num(x: float) -> str:
@@ -29,61 +59,115 @@ def _num(x: float) -> str:
     return f"{x:g}" if float(x).is_integer() else f"{x:.2f}"
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+def _bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:g} B"
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _when(ts: float | None, now: float) -> str:
+    if ts is None:
+        return "never"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) + f" ({_age(max(0.0, now - ts))} ago)"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
 
     def line(cells: Sequence[str]) -> str:
         first, *rest = cells
         cells_out = [first.ljust(widths[0]), *(c.rjust(w) for c, w in zip(rest, widths[1:], strict=True))]
-        return "  ".join(cells_out).rstrip()
+        return (indent + "  ".join(cells_out)).rstrip()
 
-    out = [line(headers), "  ".join("-" * w for w in widths)]
+    out = [line(headers)]
     out.extend(line(r) for r in rows)
     if not rows:
-        out.append("(none)")
+        out.append(indent + "(none)")
     return out
 
 
-def _pairs(items: Sequence[Mapping[str, Any]], key: str, count: str) -> list[tuple[str, int]]:
-    return [(str(i[key]), int(i[count])) for i in items]
+def _fields(pairs: Sequence[tuple[str, str]]) -> list[str]:
+    width = max(len(k) for k, _ in pairs)
+    return [f"  {k.ljust(width)}  {v}".rstrip() for k, v in pairs]
 
 
-def _side_by_side(title: str, left: list[tuple[str, int]], right: list[tuple[str, int]],
-                  what: str) -> list[str]:
-    rows = []
-    for i in range(max(len(left), len(right))):
-        a = left[i] if i < len(left) else ("", None)
-        b = right[i] if i < len(right) else ("", None)
-        rows.append([a[0], "" if a[1] is None else _num(a[1]), b[0], "" if b[1] is None else _num(b[1])])
-    return [title, *_table([f"in: {what}", "count", f"out: {what}", "count"], rows)]
+def _sending(snapshot: Mapping[str, Any], now: float) -> list[tuple[str, str]]:
+    s = snapshot.get("sending")
+    q = snapshot.get("queue")
+    out: list[tuple[str, str]] = []
+    if isinstance(s, Mapping):
+        out.append(("state", str(s.get("state", "?"))))
+    out.append(("dry_run", "true" if snapshot.get("dry_run") else "false"))
+    if snapshot.get("url"):
+        out.append(("url", str(snapshot["url"])))
+    if snapshot.get("credentials"):
+        out.append(("credentials", str(snapshot["credentials"])))
+    if isinstance(s, Mapping):
+        out += [
+            ("samples kept", _num(float(s.get("samples_kept", 0)))),
+            ("samples sent", _num(float(s.get("samples_sent", 0)))),
+            ("samples failed", _num(float(s.get("samples_failed", 0)))),
+            ("samples retried", _num(float(s.get("samples_retried", 0)))),
+        ]
+    if isinstance(q, Mapping):
+        age = q.get("oldest_age_seconds")
+        limit = q.get("max_bytes")
+        of = f" of {_bytes(float(limit))}" if limit else ""
+        oldest = "empty" if age is None else f"oldest {_age(float(age))}"
+        out.append(("queue", f"{_num(float(q.get('samples', 0)))} samples, {_bytes(float(q.get('bytes', 0)))}"
+                             f"{of}, {oldest}"))
+    if isinstance(s, Mapping):
+        out.append(("last success", _when(s.get("last_success"), now)))
+        err = s.get("last_error")
+        out.append(("last error", "none" if not isinstance(err, Mapping)
+                    else f"{_when(float(err['time']), now)}: {err['reason']}"))
+    return out
 
 
-def render_report(snapshot: Mapping[str, Any]) -> str:
+def _tops(title: str, key: str, count: str, what: str, section: Mapping[str, Any]) -> list[str]:
+    lines: list[str] = []
+    for direction in ("in", "out"):
+        items = section.get(direction, [])
+        lines += ["", f"{title} {direction}",
+                  *_table([what, count], [[str(i[key]), _num(int(i[count]))] for i in items])]
+    return lines
+
+
+def render_report(snapshot: Mapping[str, Any], now: float | None = None) -> str:
     """Readable text from one destination's snapshot, or ``{"destinations": [...]}`` of several."""
+    now = time.time() if now is None else now
     many = snapshot.get("destinations")
     if isinstance(many, Sequence) and not isinstance(many, str):
-        return "\n\n".join(render_report(s) for s in many)
+        return "\n".join(render_report(s, now) for s in many)
     active = snapshot.get("active_series", {})
     rates = snapshot.get("samples_per_second", {})
-    window = _num(snapshot.get("window_seconds", 0))
-    lines = [f"destination {snapshot.get('destination', '?')}  (window {window}s)", ""]
-    lines += _table(["", "in", "out"], [
-        ["active series", _num(active.get("in", 0)), _num(active.get("out", 0))],
-        ["samples/s", _num(rates.get("in", 0.0)), _num(rates.get("out", 0.0))],
+    lines = [f"== destination {snapshot.get('destination', '?')} =="]
+    lines += _fields([
+        *_sending(snapshot, now),
+        ("window", f"{_num(snapshot.get('window_seconds', 0))}s"),
+        ("active series", f"in {_num(active.get('in', 0))}, out {_num(active.get('out', 0))}"),
+        ("samples/s", f"in {_num(rates.get('in', 0.0))}, out {_num(rates.get('out', 0.0))}"),
     ])
-    top_m = snapshot.get("top_metrics", {})
-    lines += ["", *_side_by_side("top metrics by series", _pairs(top_m.get("in", []), "metric", "series"),
-                                 _pairs(top_m.get("out", []), "metric", "series"), "metric")]
-    top_l = snapshot.get("top_labels", {})
-    lines += ["", *_side_by_side("top labels by distinct values",
-                                 _pairs(top_l.get("in", []), "label", "distinct_values"),
-                                 _pairs(top_l.get("out", []), "label", "distinct_values"), "label")]
+    lines += _tops("top metrics by series,", "metric", "series", "metric", snapshot.get("top_metrics", {}))
+    lines += _tops("top labels by distinct values,", "label", "distinct_values", "label",
+                   snapshot.get("top_labels", {}))
     dropped = snapshot.get("dropped", {})
     lines += ["", "dropped", *_table(["reason", "series", "samples"], [
         [r, _num(v.get("series", 0)), _num(v.get("samples", 0))] for r, v in sorted(dropped.items())])]
     cost = snapshot.get("estimated_cost")
     if isinstance(cost, Mapping):
         lines += ["", *_render_cost(cost, snapshot.get("estimated_cost_without_rules"))]
+    elif "estimated_cost" in snapshot:
+        lines += ["", "no AMP bill: not an Amazon Managed Prometheus workspace URL"]
     return "\n".join(lines) + "\n"
 
 
@@ -99,19 +183,37 @@ def _render_cost(cost: Mapping[str, Any], before: Any) -> list[str]:
     out = ["estimated AMP bill per month (at the current out rate)",
            *_table(["item", "quantity", "USD"], rows)]
     if isinstance(before, Mapping):
-        out.append(f"without this destination's rules: ${before.get('total_usd', 0):,.2f}/month")
-    out.append(f"assumes {prices.get('bytes_per_sample', '?')} bytes/sample; "
+        out.append(f"  without this destination's rules: ${before.get('total_usd', 0):,.2f}/month")
+    out.append(f"  assumes {prices.get('bytes_per_sample', '?')} bytes/sample; "
                f"{'free tier deducted' if cost.get('free_tier_deducted') else 'free tier not deducted'}; "
                f"{prices.get('region_note', '')}")
     if cost.get("unverified"):
-        out.append("prices marked unverified are not on the AWS pricing page we checked")
+        out.append("  prices marked unverified are not on the AWS pricing page we checked")
+    if cost.get("leaves_out"):
+        out.append(f"  leaves out: {cost['leaves_out']}")
     return out
 
 
-def fetch_and_render(url: str, destination: str | None, limit: int, fetch: Fetch = _fetch_json) -> str:
-    """GET ``{url}/api/v1/cardinality`` (with ``destination`` and ``limit``) and render it."""
-    query = {"limit": str(limit)}
+def fetch_report(url: str, destination: str | None, limit: int, fetch: Fetch = _fetch_json) -> dict[str, Any]:
+    """One destination's snapshot, or ``{"destinations": [...]}`` of all of them (none named)."""
+    base = url.rstrip("/") + "/api/v1/cardinality?"
+
+    def get(name: str | None) -> Mapping[str, Any]:
+        query = {"limit": str(limit)}
+        if name is not None:
+            query["destination"] = name
+        return fetch(base + urllib.parse.urlencode(query))
+
+    first = get(destination)
     if destination is not None:
-        query["destination"] = destination
-    full = url.rstrip("/") + "/api/v1/cardinality?" + urllib.parse.urlencode(query)
-    return render_report(fetch(full))
+        return dict(first)
+    names = first.get("all_destinations")
+    if not isinstance(names, list):
+        return dict(first)
+    snaps = [first if name == first.get("destination") else get(str(name)) for name in names]
+    return {"destinations": snaps}
+
+
+def fetch_and_render(url: str, destination: str | None, limit: int, fetch: Fetch = _fetch_json) -> str:
+    """GET ``{url}/api/v1/cardinality`` (every destination unless one is named) and render it."""
+    return render_report(fetch_report(url, destination, limit, fetch))

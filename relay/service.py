@@ -1,73 +1,91 @@
-"""`gpu-relay run`: wires config, pipeline, durable queues, senders, scrapers and the HTTP server.
+"""The relay's runtime: config generations, the write endpoint, telemetry endpoints, reload.
 
-A ``Runtime`` owns one configuration generation at a time. Reload (SIGHUP or POST /-/reload)
-parses the new file first; a bad config is refused, logged and counted, and the old one keeps
-running. Queues and senders are kept across reloads for destinations whose sending settings did
-not change, so nothing queued is lost.
+A ``Runtime`` owns one configuration generation at a time. Reload (SIGHUP, the config file
+changing, or POST /-/reload when the lifecycle API is enabled) parses the new file, then builds
+every new queue, transport, credential provider and sender (relay.destinations.prepare) and the new
+pipeline before touching the running ones. Any failure is answered with its error and the old
+generation keeps running as it was. On success the replaced senders are stopped (for good) before
+their successors start, so two senders never ship the same queued entries. Queues are kept across
+reloads (one object per file), so nothing queued is lost; aggregation windows in progress are kept
+by the pipeline; scrape jobs are restarted when ``scrape:`` changed.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from relay import __version__, wire
-from relay.cardinality import CardinalityMetrics, DestinationStats
-from relay.config import Config, ConfigError, DestinationConfig, load_config
+from relay import queue as queue_module
+from relay import wire
+from relay.cardinality import CardinalityMetrics
+from relay.config import Config, ConfigError, load_config
+from relay.destinations import (
+    Destination,
+    Generation,
+    QueueFactory,
+    SetupError,
+    TransportFactory,
+    open_queue,
+    prepare,
+)
 from relay.metrics import RelayMetrics
+from relay.overview import destination_overview
 from relay.pipeline import Pipeline
-from relay.queue import DurableQueue
-from relay.sender import Sender, SenderSettings
-from relay.server import RelayHTTPServer, Reply, json_reply, parse_listen
+from relay.scrape import Scraper, ScrapeTarget
+from relay.server import Reply, json_reply
 from relay.transport import RequestsTransport, Transport
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class _Destination:
-    config: DestinationConfig
-    stats: DestinationStats
-    queue: DurableQueue | None
-    sender: Sender | None
+STORAGE_RETRY_AFTER_S = 5  # what a 503 for a queue that cannot store asks the client to wait
 
 
-def _sender_key(d: DestinationConfig) -> tuple[Any, ...]:
-    return (d.url, d.sigv4, tuple(sorted(d.headers.items())), d.queue, d.dry_run)
+def _queue_error(name: str) -> type[Exception]:
+    """relay.queue's exception class ``name``, or a stand-in that nothing raises (older queue)."""
+    found = getattr(queue_module, name, None)
+    if isinstance(found, type) and issubclass(found, Exception):
+        return found
+    return type(name, (Exception,), {})
 
 
-def sender_settings(d: DestinationConfig) -> SenderSettings:
-    q = d.queue
-    return SenderSettings(
-        max_samples_per_send=q.max_samples_per_send,
-        batch_send_deadline=q.batch_send_deadline,
-        min_backoff=q.min_backoff,
-        max_backoff=q.max_backoff,
-        max_sample_age=q.max_sample_age,
-        timeout=q.timeout,
-    )
+RequestTooLargeError = _queue_error("RequestTooLargeError")
+StorageError = _queue_error("StorageError")
+
+ScraperFactory = Callable[[list[ScrapeTarget], Callable[[bytes], None]], Scraper]
+
+
+def scrape_targets(config: Config) -> list[ScrapeTarget]:
+    return [
+        ScrapeTarget(job=s.job_name, url=f"{s.scheme}://{t}{s.metrics_path}",
+                     interval_s=s.scrape_interval, timeout_s=s.scrape_timeout)
+        for s in config.scrape
+        for t in s.targets
+    ]
 
 
 class Runtime:
-    """Everything `gpu-relay run` keeps alive; implements relay.server.Endpoints."""
+    """Everything `gpu-relay run` keeps alive; implements relay.server.Endpoints.
+
+    Raises :class:`relay.destinations.SetupError` when a destination's queue or credentials
+    cannot be set up at start."""
 
     def __init__(
         self,
         config_path: str | None,
         config: Config,
         registry: CollectorRegistry | None = None,
-        transport_factory: Callable[[DestinationConfig], Transport] | None = None,
+        transport_factory: TransportFactory | None = None,
         clock: Callable[[], float] = time.time,
+        *,
+        queue_factory: QueueFactory = open_queue,
+        scraper_factory: ScraperFactory = Scraper,
     ) -> None:
         self.config_path = config_path
         self.registry = registry or CollectorRegistry()
@@ -75,78 +93,58 @@ class Runtime:
         self.cardinality_metrics = CardinalityMetrics(self.registry)
         self.clock = clock
         self.transport_factory = transport_factory or default_transport
-        self.destinations: dict[str, _Destination] = {}
+        self.queue_factory = queue_factory
+        self.scraper_factory = scraper_factory
         self._reload_lock = threading.Lock()
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
+        self._scraper: Scraper | None = None
+        self._started = False
+        gen = prepare(config, {}, self.rm, self.cardinality_metrics, self.transport_factory, queue_factory)
+        self.destinations: dict[str, Destination] = gen.destinations
+        self.pipeline = self._pipeline(config, gen, previous=None)
         self.config = config
-        self.pipeline = self._build(config)
         self.max_request_bytes = config.server.max_request_bytes
+        self.rm.config_last_reload_successful.set(1)
+        self.rm.config_last_reload_success_timestamp_seconds.set(clock())
         self._ready = True
 
-    # -- building --------------------------------------------------------------------------------
-    def _build(self, config: Config, previous: Pipeline | None = None) -> Pipeline:
-        storage = Path(config.storage_path)
-        storage.mkdir(parents=True, exist_ok=True)
-        new: dict[str, _Destination] = {}
-        for d in config.destinations:
-            old = self.destinations.get(d.name)
-            if old is not None and _sender_key(old.config) == _sender_key(d):
-                new[d.name] = _Destination(d, old.stats, old.queue, old.sender)
-                continue
-            if old is not None:
-                self._stop_destination(old)
-            stats = old.stats if old is not None else DestinationStats(
-                d.name, window_s=d.limits.window, metrics=self.cardinality_metrics
+    def _pipeline(self, config: Config, gen: Generation, previous: Pipeline | None) -> Pipeline:
+        dests = [gen.destinations[d.name] for d in config.destinations]
+        try:
+            return Pipeline(
+                config, self.rm, [x.stats for x in dests], [x.queue for x in dests],
+                cardinality=self.cardinality_metrics, clock=self.clock, previous=previous,
             )
-            queue: DurableQueue | None = None
-            sender: Sender | None = None
-            if not d.dry_run:
-                queue = DurableQueue(storage / f"{d.name}.queue.db", d.queue.max_disk)
-                transport = self.transport_factory(d)
-                auth_refresh = getattr(transport, "refresh_credentials", None)
-                sender = Sender(
-                    d.name,
-                    d.url,
-                    queue,
-                    transport,
-                    sender_settings(d),
-                    self.rm,
-                    headers=d.headers,
-                    auth_refresh=auth_refresh,
-                    user_agent=f"gpu-relay/{__version__}",
-                )
-            new[d.name] = _Destination(d, stats, queue, sender)
-        for name, old in self.destinations.items():
-            if name not in new:
-                self._stop_destination(old)
-                self.cardinality_metrics.untrack(name)
-                self.rm.forget_destination(name)  # its gpu_relay_* series left with it
-        self.destinations = new
-        dests = [new[d.name] for d in config.destinations]
-        return Pipeline(
-            config,
-            self.rm,
-            [x.stats for x in dests],
-            [x.queue for x in dests],
-            cardinality=self.cardinality_metrics,
-            clock=self.clock,
-            previous=previous,
-        )
+        except BaseException:
+            gen.abandon(self.cardinality_metrics)
+            raise
 
-    @staticmethod
-    def _stop_destination(d: _Destination) -> None:
-        if d.sender is not None:
-            d.sender.stop()
-        if d.queue is not None:
-            d.queue.close()
-
+    # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
+        self._started = True
         for d in self.destinations.values():
             if d.sender is not None:
                 d.sender.start()
         self._flusher = threading.Thread(target=self._background, name="relay-background", daemon=True)
         self._flusher.start()
+        self._restart_scraper(self.config)
+
+    def _restart_scraper(self, config: Config) -> None:
+        if self._scraper is not None:
+            self._scraper.stop()
+            self._scraper = None
+        targets = scrape_targets(config)
+        if targets:
+            self._scraper = self.scraper_factory(targets, self._ingest_scraped)
+            self._scraper.start()
+
+    def _ingest_scraped(self, v1: bytes) -> None:
+        try:
+            self.pipeline.ingest(v1)
+        except Exception as e:  # the queue could not store it: the next scrape brings fresh values
+            log.warning("could not queue scraped samples: %s", _one_line(e),
+                        extra={"reason": type(e).__name__})
 
     def _background(self) -> None:
         last_expire = time.monotonic()
@@ -162,7 +160,7 @@ class Runtime:
 
     def _update_gauges(self) -> None:
         now = self.clock()
-        for name, d in self.destinations.items():
+        for name, d in list(self.destinations.items()):
             if d.queue is None:
                 continue
             samples, nbytes = d.queue.depth()
@@ -173,14 +171,34 @@ class Runtime:
                 0.0 if oldest is None else max(0.0, now - oldest)
             )
 
+    def flush_open_windows(self) -> None:
+        """Queue every open aggregation window now (graceful stop); never raises."""
+        try:
+            flush_all = getattr(self.pipeline, "flush_all", None)
+            if callable(flush_all):
+                flush_all()
+            else:  # a pipeline without flush_all: close windows as if far in the future
+                self.pipeline.flush_aggregates(now=1e12)
+        except Exception as e:
+            log.warning("could not flush open aggregation windows: %s", _one_line(e))
+
     def stop(self) -> None:
+        """Graceful stop: scrapes end, open aggregation windows are queued, senders stop."""
+        self._ready = False
+        if self._scraper is not None:
+            self._scraper.stop()
+            self._scraper = None
         self._stop.set()
         if self._flusher is not None:
             self._flusher.join(timeout=5)
+        self.flush_open_windows()
         for d in self.destinations.values():
-            self._stop_destination(d)
+            if d.sender is not None:
+                d.sender.stop()
+            if d.queue is not None:
+                d.queue.close()
 
-    # -- endpoints -------------------------------------------------------------------------------
+    # -- the write endpoint ----------------------------------------------------------------------
     def write(self, headers: Mapping[str, str], body: bytes) -> Reply:
         try:
             version = wire.parse_content_type(headers.get("content-type"))
@@ -193,12 +211,18 @@ class Runtime:
                 raw, counts = wire.v2_to_v1(raw, self.max_request_bytes)
             self.pipeline.ingest(raw)
         except wire.WireError as e:
-            self.rm.requests_received_total.labels(str(e.status)).inc()
-            return Reply(e.status, (str(e).splitlines()[0] + "\n").encode())
-        except Exception as e:  # queue write failed: tell the sender to retry later
+            return self._answer(e.status, str(e))
+        except RequestTooLargeError as e:
+            return self._answer(413, f"request too large for the queue: {_one_line(e)}")
+        except StorageError as e:
+            log.warning("could not store a request, answered 503: %s", _one_line(e),
+                        extra={"reason": "storage"})
+            return self._answer(503, f"could not store the request: {_one_line(e)}",
+                                {"Retry-After": str(STORAGE_RETRY_AFTER_S)})
+        except Exception as e:  # unexpected: tell the client to retry later, with the cause logged
             log.exception("could not queue a request")
-            self.rm.requests_received_total.labels("503").inc()
-            return Reply(503, f"could not store the request: {type(e).__name__}\n".encode())
+            return self._answer(503, f"could not store the request: {type(e).__name__}",
+                                {"Retry-After": str(STORAGE_RETRY_AFTER_S)})
         self.rm.requests_received_total.labels("204").inc()
         extra: dict[str, str] = {}
         if counts is not None:
@@ -209,6 +233,11 @@ class Runtime:
             }
         return Reply(204, b"", headers=extra)
 
+    def _answer(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> Reply:
+        self.rm.requests_received_total.labels(str(status)).inc()
+        return Reply(status, (_one_line(message) + "\n").encode(), headers=dict(headers or {}))
+
+    # -- telemetry endpoints ---------------------------------------------------------------------
     def metrics(self, accept: str) -> Reply:
         self._update_gauges()
         encoder, content_type = choose_encoder(accept)
@@ -222,137 +251,115 @@ class Runtime:
             return Reply(503, b"not ready\n")
         return Reply(200, b"gpu-relay is Ready.\n")
 
+    def overview(self, name: str, limit: int = 10) -> dict[str, Any]:
+        """One destination's report (cardinality, sending state, AMP estimate); KeyError if unknown."""
+        d = self.destinations[name]
+        lock = getattr(self.pipeline, "lock", None)
+        return destination_overview(d, self.rm, self.clock(), limit, lock=lock)
+
+    def names(self) -> list[str]:
+        return [d.name for d in self.config.destinations]
+
+    def cardinality(self, query: Mapping[str, list[str]]) -> Reply:
+        names = self.names()
+        try:
+            limit = int((query.get("limit") or ["10"])[0])
+        except ValueError:
+            return json_reply(400, {"status": "error", "error": "limit must be an integer"})
+        if not names:
+            return json_reply(404, {"status": "error", "error": "no destinations configured", "destinations": []})
+        name = (query.get("destination") or [names[0]])[0]
+        try:
+            snap = self.overview(name, limit)
+        except KeyError:
+            return json_reply(
+                404, {"status": "error", "error": f"unknown destination {name!r}", "destinations": names}
+            )
+        snap["all_destinations"] = names
+        return json_reply(200, snap)
+
+    def status_page(self, query: Mapping[str, list[str]]) -> Reply:
+        from relay.statuspage import render_status_page
+
+        overviews = []
+        for name in self.names():
+            try:
+                overviews.append(self.overview(name, 10))
+            except KeyError:  # removed by a reload just now
+                continue
+        samples_in = self.registry.get_sample_value("gpu_relay_samples_received_total") or 0.0
+        config_ok = self.registry.get_sample_value("gpu_relay_config_last_reload_successful") == 1.0
+        html = render_status_page(overviews, samples_in=samples_in, now=self.clock(), config_ok=config_ok)
+        return Reply(200, html.encode(), "text/html; charset=utf-8")
+
+    # -- reload ----------------------------------------------------------------------------------
     def reload(self) -> Reply:
         ok, message = self.reload_config()
         return Reply(200 if ok else 400, (message + "\n").encode())
 
     def reload_config(self) -> tuple[bool, str]:
+        """Apply the config file again; on any error keep everything running as it was."""
         if self.config_path is None:
             return False, "no configuration file to reload"
         with self._reload_lock:
             try:
                 config = load_config(self.config_path)
-                if config.server != self.config.server:
-                    log.warning("server settings changed in %s; they take effect on restart", self.config_path)
-                pipeline = self._build(config, previous=self.pipeline)
+                gen = prepare(config, self.destinations, self.rm, self.cardinality_metrics,
+                              self.transport_factory, self.queue_factory)
+                pipeline = self._pipeline(config, gen, previous=self.pipeline)
             except ConfigError as e:
-                self.rm.config_reloads_total.labels("failure").inc()
-                log.error("reload refused, keeping the running configuration:\n%s", e)
-                return False, f"reload refused, keeping the running configuration:\n{e}"
+                return self._refused(f"reload refused, keeping the running configuration:\n{e}")
+            except SetupError as e:
+                return self._refused(f"reload refused, keeping the running configuration: {e}")
             except Exception as e:
-                self.rm.config_reloads_total.labels("failure").inc()
-                log.exception("reload failed, keeping the running configuration")
-                return False, f"reload failed: {e}"
-            self.config = config
+                log.debug("reload failed", exc_info=True)
+                return self._refused(f"reload failed, keeping the running configuration: "
+                                     f"{type(e).__name__}: {_one_line(e)}")
+            if config.server != self.config.server:
+                log.warning("server settings changed in %s; they take effect on restart", self.config_path)
+            for warning in getattr(config, "warnings", ()):
+                log.warning("%s", warning)
+            scrape_changed = config.scrape != self.config.scrape
+            self.destinations = gen.destinations
             self.pipeline = pipeline
-            for d in self.destinations.values():
-                if d.sender is not None:
-                    d.sender.start()
+            self.config = config
+            # the replaced senders stop for good before their successors start
+            gen.commit(self.rm, self.cardinality_metrics, start=self._started)
+            if scrape_changed and self._started:
+                self._restart_scraper(config)
             self.rm.config_reloads_total.labels("success").inc()
+            self.rm.config_last_reload_successful.set(1)
+            self.rm.config_last_reload_success_timestamp_seconds.set(self.clock())
             log.info("configuration reloaded from %s", self.config_path)
             return True, "configuration reloaded"
 
-    def cardinality(self, query: Mapping[str, list[str]]) -> Reply:
-        names = [d.name for d in self.config.destinations]
-        name = (query.get("destination") or [names[0]])[0]
-        try:
-            limit = int((query.get("limit") or ["10"])[0])
-        except ValueError:
-            return json_reply(400, {"status": "error", "error": "limit must be an integer"})
-        d = self.destinations.get(name)
-        if d is None:
-            return json_reply(
-                404, {"status": "error", "error": f"unknown destination {name!r}", "destinations": names}
-            )
-        snap = d.stats.snapshot(limit=limit)
-        snap["dry_run"] = d.config.dry_run
-        snap["all_destinations"] = names
-        return json_reply(200, snap)
+    def _refused(self, message: str) -> tuple[bool, str]:
+        self.rm.config_reloads_total.labels("failure").inc()
+        self.rm.config_last_reload_successful.set(0)
+        log.error("%s", message)  # one event: the formatter keeps a multi-line message on one line
+        return False, message
 
 
-def default_transport(d: DestinationConfig) -> Transport:
+def _one_line(e: object) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def default_transport(d: Any) -> Transport:
     auth = None
     if d.sigv4 is not None:
         from relay.sigv4 import SigV4Auth
 
-        auth = SigV4Auth(
-            region=d.sigv4.region,
-            service=d.sigv4.service,
-            profile=d.sigv4.profile,
-            role_arn=d.sigv4.role_arn,
-            external_id=d.sigv4.external_id,
-        )
+        kwargs: dict[str, Any] = {}
+        for key in ("access_key", "secret_key"):  # static keys (config helper's fields, when present)
+            value = getattr(d.sigv4, key, None)
+            if value:
+                kwargs[key] = value
+        if kwargs and not set(kwargs) <= set(inspect.signature(SigV4Auth).parameters):
+            raise ValueError("sigv4.access_key/secret_key are not supported by this signer")
+        auth = SigV4Auth(region=d.sigv4.region, service=d.sigv4.service, profile=d.sigv4.profile,
+                         role_arn=d.sigv4.role_arn, external_id=d.sigv4.external_id, **kwargs)
     return RequestsTransport(auth=auth)
 
 
-def run(config_path: str) -> int:
-    try:
-        config = load_config(config_path)
-    except ConfigError as e:
-        log.error("%s", e)
-        print(str(e))
-        return 1
-    runtime = Runtime(config_path, config)
-    scraper = None
-    try:
-        server = RelayHTTPServer(parse_listen(config.server.listen), runtime)
-    except OSError as e:
-        print(f"gpu-relay: cannot listen on {config.server.listen}: {e}")
-        runtime.stop()
-        return 1
-    runtime.start()
-    server.start()
-    if config.scrape:
-        scraper = start_scraper(config, runtime)
-    stop = threading.Event()
-
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    def on_hup(signum: int, frame: FrameType | None) -> None:
-        threading.Thread(target=runtime.reload_config, name="reload", daemon=True).start()
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-    signal.signal(signal.SIGHUP, on_hup)
-    dests = ", ".join(f"{d.name}{' (dry run)' if d.dry_run else ''}" for d in config.destinations)
-    print(f"gpu-relay {__version__}: receiving remote-write on {server.url}/api/v1/write; destinations: {dests}")
-    print(f"  self-metrics {server.url}/metrics · cardinality {server.url}/api/v1/cardinality", flush=True)
-    # Wait with a timeout: the kernel may deliver SIGHUP/SIGTERM to any of our threads, and Python runs
-    # the handler only when the main thread next executes bytecode, which an untimed wait never does.
-    while not stop.wait(0.5):
-        pass
-    log.info("shutting down")
-    if scraper is not None:
-        scraper.stop()
-    server.stop()
-    runtime.stop()
-    return 0
-
-
-def start_scraper(config: Config, runtime: Runtime) -> Any:
-    from relay.scrape import Scraper, ScrapeTarget
-
-    targets = [
-        ScrapeTarget(
-            job=s.job_name,
-            url=f"{s.scheme}://{t}{s.metrics_path}",
-            interval_s=s.scrape_interval,
-            timeout_s=s.scrape_timeout,
-        )
-        for s in config.scrape
-        for t in s.targets
-    ]
-
-    def sink(v1: bytes) -> None:
-        try:
-            runtime.pipeline.ingest(v1)
-        except Exception:
-            log.exception("could not ingest scraped samples")
-
-    scraper = Scraper(targets, sink)
-    scraper.start()
-    return scraper
-
-
-__all__ = ["Runtime", "run"]
+__all__ = ["RequestTooLargeError", "Runtime", "SetupError", "StorageError", "default_transport"]

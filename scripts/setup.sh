@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh Debian machine: the Debian packages the tests and the demo use
-# (real Prometheus and vmagent as peers), and a virtualenv in .venv with the project installed.
+# (real Prometheus and vmagent as peers, headless Chromium for the status page), and a virtualenv
+# in .venv with the project installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -8,6 +9,7 @@ need_apt=()
 command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v vmagent >/dev/null 2>&1 || need_apt+=(victoria-metrics)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)  # the status page e2e test (headless)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

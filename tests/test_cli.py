@@ -335,15 +335,17 @@ def test_check_config_warns_about_a_storage_path_it_cannot_create(
 def test_run_calls_the_service_with_the_config_path(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    calls: list[str] = []
+    calls: list[tuple[str, dict[str, object]]] = []
 
-    def fake_run(config_path: str) -> int:
-        calls.append(config_path)
+    def fake_run(config_path: str, **options: object) -> int:
+        calls.append((config_path, options))
         return 3
 
-    monkeypatch.setitem(sys.modules, "relay.service", types.SimpleNamespace(run=fake_run))
+    monkeypatch.setitem(sys.modules, "relay.daemon", types.SimpleNamespace(run=fake_run))
     assert main(["run", "--config", GOOD, "--log-level", "debug"]) == 3
-    assert calls == [GOOD]
+    assert calls == [(GOOD, {"enable_lifecycle": False, "watch_interval_s": 3.0})]
+    assert main(["run", "--web.enable-lifecycle", "--config.watch-interval", "0", "--config", GOOD]) == 3
+    assert calls[-1] == (GOOD, {"enable_lifecycle": True, "watch_interval_s": 0.0})
 
 
 def test_report_prints_what_the_report_module_renders(

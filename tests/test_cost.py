@@ -79,3 +79,34 @@ def test_estimate_is_json_serialisable_and_states_assumptions() -> None:
     assert table["bytes_per_sample"] == DEFAULT_PRICES.bytes_per_sample
     assert "bytes/sample" in table["bytes_per_sample_note"]
     assert [t["verified"] for t in table["tiers"]] == [True, False, False]
+
+
+def test_a_known_region_gets_its_list_prices_and_an_unknown_one_says_so() -> None:
+    from relay.cost import DEFAULT_PRICES, REGION_PRICES, prices_for_region
+
+    known = prices_for_region("us-east-1")
+    assert known is REGION_PRICES["us-east-1"]
+    assert known.tiers == DEFAULT_PRICES.tiers
+    assert "us-east-1 list prices" in known.region_note
+    other = prices_for_region("ap-southeast-2")
+    assert other.tiers == DEFAULT_PRICES.tiers
+    assert "region ap-southeast-2 not known here" in other.region_note
+    assert "not known here" in prices_for_region(None).region_note
+
+
+def test_the_estimate_says_what_it_leaves_out() -> None:
+    from relay.cost import ESTIMATE_LEAVES_OUT
+
+    assert "queries" in ESTIMATE_LEAVES_OUT
+    assert "HA" in ESTIMATE_LEAVES_OUT and "twice" in ESTIMATE_LEAVES_OUT
+
+
+def test_amp_region_is_read_from_the_workspace_host_only() -> None:
+    from relay.destinations import amp_region
+
+    assert amp_region("https://aps-workspaces.eu-west-1.amazonaws.com/workspaces/ws-1/api/v1/remote_write") \
+        == "eu-west-1"
+    assert amp_region("https://APS-WORKSPACES.us-east-1.amazonaws.com/x") == "us-east-1"
+    assert amp_region("http://127.0.0.1:9090/api/v1/write") is None
+    assert amp_region("https://aps-workspaces.us-east-1.example.com/x") is None
+    assert amp_region("https://vm.example/aps-workspaces.us-east-1.amazonaws.com") is None

@@ -29,6 +29,7 @@ import snappy
 from relay import wire
 from relay.config import load_config
 from relay.cost import SECONDS_PER_MONTH
+from relay.daemon import make_server
 from relay.labels import Labels
 from relay.proto import remote_v1_pb2, remote_v2_pb2
 from relay.report import fetch_and_render
@@ -110,7 +111,8 @@ def start(tmp_path: Path) -> Iterator[StartRelay]:
         path.write_text(config_text(tmp_path, destinations, head))
         runtime = Runtime(str(path), load_config(path))
         try:
-            server = RelayHTTPServer(("127.0.0.1", 0), runtime)
+            # the lifecycle API (POST /-/reload) on, as `run --web.enable-lifecycle` does
+            server = make_server(("127.0.0.1", 0), runtime, enable_lifecycle=True)
         except BaseException:
             runtime.stop()
             raise
@@ -418,11 +420,12 @@ def test_collision_through_http(start: StartRelay, rx: RecordingServer, caplog: 
 # ---- dry run and the cardinality endpoint -------------------------------------------------------
 
 
-DRY = """\
+AMP_URL = "https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-1/api/v1/remote_write"
+DRY = f"""\
   - name: dry
-    url: http://127.0.0.1:1/api/v1/write
+    url: {AMP_URL}
     dry_run: true
-    write_relabel_configs: [{source_labels: [__name__], regex: "a_.*", action: keep}]
+    write_relabel_configs: [{{source_labels: [__name__], regex: "a_.*", action: keep}}]
   - name: other
     url: http://127.0.0.1:1/api/v1/write
     dry_run: true
@@ -467,6 +470,11 @@ def test_dry_run_sends_nothing_and_reports(start: StartRelay, tmp_path: Path) ->
     assert default["top_metrics"]["in"] == [{"metric": "a_x", "series": 2}]
     status, other = relay.get_json("/api/v1/cardinality?destination=other")
     assert status == 200 and other["active_series"] == {"in": 3, "out": 3}
+    # the AMP bill only for AMP destinations (issue 10): "other" is not an AMP workspace
+    assert other["estimated_cost"] is None and other["amp_region"] is None
+    assert snap["amp_region"] == "us-east-1"
+    assert "us-east-1 list prices" in cost["price_table"]["region_note"]
+    assert "HA duplicates" in cost["leaves_out"]
     assert relay.metric("gpu_relay_samples_kept_total", destination="dry") == 4
     assert relay.metric("gpu_relay_active_series", destination="dry", direction="out") == 2
 
@@ -486,12 +494,29 @@ def test_report_renders_a_running_runtime(start: StartRelay) -> None:
     t = now_ms()
     assert relay.post([(S("a_x", gpu="0"), [(t, 1.0)]), (S("b_y", gpu="0"), [(t, 1.0)])]) == 204
     text = fetch_and_render(relay.url, "dry", 5)
-    assert text.startswith("destination dry  (window 3600s)\n")
-    assert re.search(r"^active series\s+2\s+1$", text, re.M), text
-    assert re.search(r"^a_x\s+1\s+a_x\s+1$", text, re.M), text
-    assert re.search(r"^b_y\s+1$", text, re.M), text
-    assert re.search(r"^rules\s+0\s+1$", text, re.M), text
+    assert text.startswith("== destination dry ==\n")
+    assert re.search(r"^  state +dry run$", text, re.M), text
+    assert re.search(r"^  dry_run +true$", text, re.M), text
+    assert re.search(r"^  active series +in 2, out 1$", text, re.M), text
+    assert re.search(r"^top metrics by series, in\n.*\n  a_x +1\n  b_y +1$", text, re.M), text
+    assert re.search(r"^  rules +0 +1$", text, re.M), text
     assert "estimated AMP bill per month" in text
+    # no destination named: every destination, one block each; the AMP bill only for the AMP one
+    text = fetch_and_render(relay.url, None, 5)
+    assert [ln for ln in text.splitlines() if ln.startswith("== ")] == [
+        "== destination dry ==", "== destination other =="]
+    other = text[text.index("== destination other =="):]
+    assert "estimated AMP bill" not in other and "no AMP bill" in other
+
+
+def test_report_cli_names_an_unknown_destination_in_the_relays_words(
+        start: StartRelay, capsys: pytest.CaptureFixture[str]) -> None:
+    from relay.cli import main
+
+    relay = start(DRY)
+    assert main(["report", "--url", relay.url, "--destination", "nope"]) == 1
+    err = capsys.readouterr().err
+    assert err == "gpu-relay report: unknown destination 'nope' (destinations: dry, other)\n"
 
 
 # ---- health, metrics ----------------------------------------------------------------------------

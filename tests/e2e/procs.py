@@ -104,12 +104,14 @@ def start_exporter(tmp: Path, gpus: int = 8, interval: str = "1s") -> tuple[Proc
     return proc, url
 
 
-def start_relay(tmp: Path, config_yaml: str, env: dict[str, str] | None = None, port: int | None = None
-                ) -> tuple[Proc, str]:
+def start_relay(tmp: Path, config_yaml: str, env: dict[str, str] | None = None, port: int | None = None,
+                args: Sequence[str] = (), run_args: Sequence[str] = ()) -> tuple[Proc, str]:
+    """``gpu-relay [args] run [run_args]`` on ``config_yaml`` (``@PORT@`` replaced by the port), ready."""
     port = port or free_port()
     cfg = tmp / "relay.yaml"
     cfg.write_text(config_yaml.replace("@PORT@", str(port)))
-    proc = Proc([str(VENV_BIN / "gpu-relay"), "run", "--config", str(cfg)], tmp / "relay.log", env=env)
+    argv = [str(VENV_BIN / "gpu-relay"), *args, "run", *run_args, "--config", str(cfg)]
+    proc = Proc(argv, tmp / "relay.log", env=env)
     url = f"http://127.0.0.1:{port}"
     proc.wait_http(url + "/-/ready")
     return proc, url
