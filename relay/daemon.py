@@ -10,7 +10,6 @@ acknowledged but their outputs were not yet queued); everything acknowledged oth
 
 from __future__ import annotations
 
-import inspect
 import logging
 import signal
 import threading
@@ -21,38 +20,32 @@ from relay import __version__
 from relay.config import Config, ConfigError, load_config
 from relay.configwatch import DEFAULT_INTERVAL_S, ConfigWatcher
 from relay.destinations import SetupError
-from relay.server import Endpoints, RelayHTTPServer, parse_listen
+from relay.server import RelayHTTPServer, parse_listen
 from relay.service import Runtime
 
 log = logging.getLogger(__name__)
 
 
-def make_server(address: tuple[str, int], endpoints: Endpoints, **options: Any) -> RelayHTTPServer:
-    """A RelayHTTPServer with the options this server version supports (older ones take none)."""
-    accepted = inspect.signature(RelayHTTPServer.__init__).parameters
-    return RelayHTTPServer(address, endpoints, **{k: v for k, v in options.items() if k in accepted})
-
-
 def server_options(config: Config, enable_lifecycle: bool) -> dict[str, Any]:
     s = config.server
     return {
-        "max_concurrent": getattr(s, "max_concurrent_requests", 64),
-        "read_timeout": getattr(s, "read_timeout", 30.0),
-        "idle_timeout": getattr(s, "idle_timeout", 120.0),
-        "enable_lifecycle": enable_lifecycle or bool(getattr(s, "enable_lifecycle", False)),
+        "max_concurrent": s.max_concurrent_requests,
+        "read_timeout": s.read_timeout,
+        "idle_timeout": s.idle_timeout,
+        "enable_lifecycle": enable_lifecycle or s.enable_lifecycle,
     }
 
 
 def listeners(config: Config, runtime: Runtime, enable_lifecycle: bool) -> list[RelayHTTPServer]:
     """The write listener, and the telemetry one when ``server.telemetry_listen`` is set."""
     options = server_options(config, enable_lifecycle)
-    telemetry = getattr(config.server, "telemetry_listen", None)
+    telemetry = config.server.telemetry_listen
     if not telemetry:
-        return [make_server(parse_listen(config.server.listen), runtime, **options)]
-    write = make_server(parse_listen(config.server.listen), runtime, serve_write=True,
+        return [RelayHTTPServer(parse_listen(config.server.listen), runtime, **options)]
+    write = RelayHTTPServer(parse_listen(config.server.listen), runtime, serve_write=True,
                         serve_telemetry=False, **options)
     try:
-        tele = make_server(parse_listen(telemetry), runtime, serve_write=False, serve_telemetry=True, **options)
+        tele = RelayHTTPServer(parse_listen(telemetry), runtime, serve_write=False, serve_telemetry=True, **options)
     except BaseException:
         write.server_close()
         raise
@@ -72,7 +65,7 @@ def startup_line(config: Config, runtime: Runtime, servers: list[RelayHTTPServer
 
 def log_config_warnings(config: Config) -> None:
     """Each key the config accepted but cannot honour, one warning line each (Config.warnings)."""
-    for warning in getattr(config, "warnings", ()):
+    for warning in config.warnings:
         log.warning("%s", warning)
 
 

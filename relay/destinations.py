@@ -57,7 +57,7 @@ class Destination:
 def sender_key(d: DestinationConfig) -> tuple[Any, ...]:
     """What a running sender was built from: any change needs a new sender (and transport)."""
     return (d.url, d.sigv4, tuple(sorted(d.headers.items())), d.queue, d.dry_run,
-            getattr(d, "send_metadata", True))
+            d.send_metadata)
 
 
 def sender_settings(d: DestinationConfig) -> SenderSettings:
@@ -95,7 +95,7 @@ def credential_method(d: DestinationConfig, env: Mapping[str, str] | None = None
     if s is None:
         return "none (no sigv4)"
     env = os.environ if env is None else env
-    if getattr(s, "access_key", None):
+    if s.access_key:
         base = "static keys from the config"
     elif s.profile:
         base = f"profile {s.profile}"

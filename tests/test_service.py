@@ -29,7 +29,6 @@ import snappy
 from relay import wire
 from relay.config import load_config
 from relay.cost import SECONDS_PER_MONTH
-from relay.daemon import make_server
 from relay.labels import Labels
 from relay.proto import remote_v1_pb2, remote_v2_pb2
 from relay.report import fetch_and_render
@@ -112,7 +111,7 @@ def start(tmp_path: Path) -> Iterator[StartRelay]:
         runtime = Runtime(str(path), load_config(path))
         try:
             # the lifecycle API (POST /-/reload) on, as `run --web.enable-lifecycle` does
-            server = make_server(("127.0.0.1", 0), runtime, enable_lifecycle=True)
+            server = RelayHTTPServer(("127.0.0.1", 0), runtime, enable_lifecycle=True)
         except BaseException:
             runtime.stop()
             raise
