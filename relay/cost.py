@@ -65,8 +65,9 @@ DEFAULT_PRICES = PriceTable(
 
 
 ESTIMATE_LEAVES_OUT = (
-    "queries ($0.10 per billion query samples processed) and HA duplicates: with two Prometheus "
-    "replicas AMP ingests, and bills, each sample twice before it deduplicates"
+    "queries ($0.10 per billion query samples processed) and HA duplicates: two Prometheus replicas "
+    "send each sample twice (twice the requests and egress); AMP deduplicates and bills one copy only "
+    "when both carry the same cluster and their own __replica__ label, else it bills both"
 )
 
 REGION_PRICES: dict[str, PriceTable] = {

@@ -2,7 +2,8 @@
 # The demo: 8 simulated H200 GPUs -> gpu-exporter -> Prometheus (scrapes, keeps everything)
 #   -> remote_write -> gpu-relay -> "home" (a receiver Prometheus) and "amp" (dry run: what would
 #   ship to Amazon Managed Prometheus, and what it would cost). Set-up included (scripts/setup.sh).
-# DEMO_SECONDS=N stops it after N seconds (default: run until Ctrl-C).
+# DEMO_SECONDS=N: the demo runs N seconds from the moment its programs start (set-up not counted),
+# summary included, then stops by itself (N below 30 shortens the collection); default: until Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -35,6 +36,7 @@ remote_write:
     metadata_config: {send: true, send_interval: 30s}
 YML
 
+started=$SECONDS
 echo "demo: starting gpu-exporter (8 simulated GPUs), the receiver, gpu-relay and Prometheus"
 $BIN/gpu-exporter --backend simulated --simulate-gpus 8 --listen 127.0.0.1:9400 --interval 5s \
   >"$DATA/exporter.log" 2>&1 & pids+=($!)
@@ -51,8 +53,14 @@ wait_http http://127.0.0.1:9201/-/ready
 wait_http http://127.0.0.1:9091/-/ready
 wait_http http://127.0.0.1:9090/-/ready
 
-echo "demo: collecting for 30 s (Prometheus scrapes every 5 s and remote-writes to the relay)..."
-sleep 30
+collect=30
+if [ -n "${DEMO_SECONDS:-}" ]; then
+  case "$DEMO_SECONDS" in ''|*[!0-9]*) echo "demo: DEMO_SECONDS must be a whole number of seconds, not '$DEMO_SECONDS'" >&2; exit 2;; esac
+  left=$((DEMO_SECONDS - (SECONDS - started)))
+  [ "$left" -lt "$collect" ] && collect=$(( left > 5 ? left - 5 : 1 ))
+fi
+echo "demo: collecting for $collect s (Prometheus scrapes every 5 s and remote-writes to the relay)..."
+sleep "$collect"
 echo
 echo "== What the exporter serves (a few lines of http://127.0.0.1:9400/metrics)"
 curl -fsS http://127.0.0.1:9400/metrics | grep -E '^DCGM_FI_DEV_GPU_UTIL' | head -n 3
@@ -67,8 +75,12 @@ cat <<TXT
 Look around:
   exporter        http://127.0.0.1:9400/metrics   (health: /health)
   Prometheus      http://127.0.0.1:9090           (scrapes the exporter, remote-writes to the relay)
-  gpu-relay       http://127.0.0.1:9201/metrics   (cardinality: /api/v1/cardinality?destination=amp)
+  gpu-relay       http://127.0.0.1:9201/          (status page; /metrics, /api/v1/cardinality?destination=amp)
   receiver        http://127.0.0.1:9091           (what the 'home' destination received)
   logs            $DATA/*.log
 TXT
-if [ -n "${DEMO_SECONDS:-}" ]; then sleep "$DEMO_SECONDS"; else echo "Ctrl-C to stop."; while true; do sleep 3600; done; fi
+if [ -n "${DEMO_SECONDS:-}" ]; then
+  left=$((DEMO_SECONDS - (SECONDS - started)))
+  echo "demo: stopping in $(( left > 0 ? left : 0 )) s (DEMO_SECONDS=$DEMO_SECONDS)"
+  if [ "$left" -gt 0 ]; then sleep "$left"; fi
+else echo "Ctrl-C to stop."; while true; do sleep 3600; done; fi
