@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from exporter import devices as device_selection
-from exporter.backend import BackendError, GpuBackend
+from exporter.backend import BackendError, DeviceInfo, GpuBackend
 from exporter.collector import XID_ERRORS, Collector
 from exporter.counters_csv import CountersError, filter_supported, load_counters
 from exporter.fields import FIELDS
@@ -49,6 +49,23 @@ def make_backend(settings: Settings) -> GpuBackend:
 
 
 PodsFn = Callable[[], Mapping[str, Sequence[PodLabels]]]
+
+
+def _probe_answering(backend: GpuBackend, devices: Sequence[DeviceInfo], wanted: list[str]) -> dict[int, set[str]]:
+    """Supported fields of every GPU that answers; a GPU down at start (listed with a problem, or
+    failing its probe) is left to the collector, which reports it down and probes it later."""
+    out: dict[int, set[str]] = {}
+    for d in devices:
+        if d.problem:
+            continue
+        try:
+            out[d.index] = backend.supported_fields(d.index, wanted)
+        except BackendError:
+            raise
+        except Exception as exc:  # one GPU's fault stays that GPU's (GpuLostError, NVMLError, ...)
+            log.warning("GPU %d (%s) failed its probe at start: %s", d.index, d.uuid, exc,
+                        extra={"gpu": d.index, "uuid": d.uuid})
+    return out
 
 
 def _pod_source(settings: Settings, backend: GpuBackend) -> tuple[PodsFn, Callable[[], int], Any]:
@@ -114,12 +131,14 @@ def main(
     try:
         devices = backend.devices()
         wanted = [s.field for s in specs if s.kind != "label"]
-        supported = {d.index: backend.supported_fields(d.index, wanted) for d in devices}
+        supported = _probe_answering(backend, devices, wanted)
     except BackendError as exc:
         print(f"gpu-exporter: error: {settings.backend} backend: {exc}", file=sys.stderr)
         return EXIT_BACKEND
-    union = set().union(*supported.values()) | {XID_ERRORS}
-    specs = filter_supported(specs, union, log)
+    if supported:
+        specs = filter_supported(specs, set().union(*supported.values()) | {XID_ERRORS}, log)
+    else:  # nothing to probe: keep every row; each GPU is probed when it answers (the collector)
+        log.warning("no GPU answered at start: keeping the whole counter set until one does")
 
     pods: PodsFn | None = None
     kubelet_errors: Callable[[], int] | None = None

@@ -25,10 +25,19 @@ import platform
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 
-from exporter.backend import DeviceInfo, Entity, GpuBackend, GpuLostError, MigInstance, Value, per_instance
+from exporter.backend import (
+    BackendError,
+    DeviceInfo,
+    Entity,
+    GpuBackend,
+    GpuLostError,
+    MigInstance,
+    Value,
+    per_instance,
+)
 from exporter.exposition import EMPTY, STALE_INTERVALS, DownGpu, Exposition, liveness_of, readiness_of
 from exporter.gpu_reader import GpuReader
 from exporter.render import (
@@ -169,15 +178,22 @@ class Collector:
         self._gpus: list[_Gpu] = []
         missing: set[str] = set()
         for d in backend.devices():
+            probed = supported.get(d.index) if supported is not None and not d.problem else None
+            if probed is None and not d.problem:
+                try:
+                    probed = backend.supported_fields(d.index, sorted(self._wanted))
+                except BackendError:
+                    raise
+                except Exception as exc:  # this GPU is down at start; it is probed again when it answers
+                    why = exc.reason if isinstance(exc, GpuLostError) else f"{type(exc).__name__}: {exc}"
+                    d = replace(d, problem=why)
             if d.problem:
                 g = _Gpu(d.index, d, frozenset(), (), probed=False, up=False, problem=d.problem)
                 g.entities = self._entities(d, {})
                 log.warning("GPU %d (%s) is down at start: %s", d.index, d.uuid or "no UUID", d.problem,
                             extra={"gpu": d.index, "uuid": d.uuid, "reason": d.problem})
             else:
-                probed = supported.get(d.index) if supported is not None else None
-                if probed is None:
-                    probed = backend.supported_fields(d.index, sorted(self._wanted))
+                assert probed is not None
                 labels = label_values(backend, d, self._driver, self._label_names)
                 missing.update(set(self._label_names) - set(labels))
                 g = _Gpu(d.index, d, frozenset(probed) & self._wanted, self._entities(d, labels))

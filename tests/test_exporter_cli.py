@@ -6,11 +6,13 @@ from __future__ import annotations
 import http.client
 import socket
 import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from exporter.backend import BackendError, GpuBackend
+from exporter.backend import BackendError, DeviceInfo, Entity, GpuBackend, GpuLostError, Value
 from exporter.cli import EXIT_BACKEND, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, main
 from exporter.devices import parse_devices
 from exporter.settings import DEFAULT_SOCKET, Settings, SettingsError, load_settings, parse_duration
@@ -339,3 +341,59 @@ def test_not_applicable_flags_warn_once_in_the_chosen_log_format(capsys: pytest.
     assert len(warned) == 2
     assert warned[0].startswith("--configmap-data=ns:cm") and warned[1].startswith("--remote-hostengine-info=host:5555")
     assert all(r["ts"].endswith("Z") and r["logger"] for r in records)
+
+
+class _EveryGpuLostAtStart(FakeBackend):
+    """Every GPU is down when the exporter starts (listed with a problem, probes and reads raise), and
+    answers again once ``lost`` is cleared."""
+
+    lost = True
+
+    def devices(self) -> list[DeviceInfo]:
+        return [replace(d, problem="GPU_IS_LOST") if self.lost else d for d in super().devices()]
+
+    def supported_fields(self, gpu: int, fields: Iterable[str]) -> set[str]:
+        if self.lost:
+            raise GpuLostError(gpu, "GPU_IS_LOST")
+        return super().supported_fields(gpu, fields)
+
+    def read(self, gpu: int, fields: frozenset[str]) -> Mapping[Entity, Mapping[str, Value]]:
+        if self.lost:
+            raise GpuLostError(gpu, "GPU_IS_LOST")
+        return super().read(gpu, fields)
+
+
+def test_every_gpu_lost_at_start_keeps_the_counter_set_and_serves_the_gpus_once_they_answer() -> None:
+    """No GPU to probe at start is no reason to drop every counter row: the GPUs are reported down,
+    and their series come once they answer (issue 7: faults stay local, recovery without restart)."""
+    be = _EveryGpuLostAtStart(n=2)
+    port = free_port()
+    stop = threading.Event()
+    result: list[int] = []
+    t = threading.Thread(target=lambda: result.append(main(
+        ["--listen", f"127.0.0.1:{port}", "--interval", "100ms", "--no-hostname"], stop,
+        backend_factory=lambda _: be)))
+    t.start()
+
+    def scrape() -> str:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/metrics")
+            body = conn.getresponse().read().decode()
+            conn.close()
+            return body
+        except OSError:
+            return ""
+
+    try:
+        assert wait_until(lambda: "gpu_exporter_device_up{" in scrape(), timeout=10), result
+        body = scrape()
+        assert body.count("gpu_exporter_device_up{") == 2
+        assert all(ln.endswith(" 0") for ln in body.splitlines() if ln.startswith("gpu_exporter_device_up{"))
+        assert "DCGM_FI_DEV_GPU_UTIL{" not in body
+        be.lost = False
+        assert wait_until(lambda: scrape().count("DCGM_FI_DEV_GPU_UTIL{") == 2, timeout=15), scrape()
+    finally:
+        stop.set()
+        t.join(timeout=10)
+    assert result == [EXIT_OK]
