@@ -14,12 +14,13 @@ that does not exist there, a ``storage.path`` that cannot be created or written.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
-from yaml.nodes import MappingNode, Node, SequenceNode
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from relay import config_parts as parts
 from relay import labels as lb
@@ -148,12 +149,38 @@ def _all_destinations(
     if "destinations" not in m and "remote_write" not in m:
         r.error(root, "destinations", "missing required key (or remote_write)")
     found.sort(key=lambda f: f[0])
+    found = _name_unnamed(found)
     first: dict[str, int] = {}
     for _, d, node, path in found:
         if d.name and d.name in first:
             r.error(node, f"{path}.name", f'duplicate name "{d.name}" (first at line {first[d.name]})')
         first.setdefault(d.name, node.start_mark.line + 1)
     return tuple(d for _, d, _, _ in found)
+
+
+def _name_unnamed(
+    found: list[tuple[int, DestinationConfig, Node, str]],
+) -> list[tuple[int, DestinationConfig, Node, str]]:
+    """Unnamed remote_write entries to one URL: ``rw-<hash>``, then ``-2``, ``-3``... in file order.
+
+    Prometheus allows several entries to one URL when they differ (it names each by a hash of the
+    whole entry); one identical to an earlier entry keeps its name and so stays a duplicate error,
+    as Prometheus refuses it. A name some entry sets itself is never taken."""
+    explicit = {d.name for _, d, node, _ in found if isinstance(node, ScalarNode) and node.value == d.name}
+    seen: list[DestinationConfig] = []
+    out: list[tuple[int, DestinationConfig, Node, str]] = []
+    for line, d, node, path in found:
+        unnamed = path.startswith("remote_write[") and not (isinstance(node, ScalarNode) and node.value == d.name)
+        if unnamed and d.name:
+            base = d.name
+            if not any(dataclasses.replace(s, name=base) == d for s in seen):
+                n = 1
+                while d.name in explicit or any(s.name == d.name for s in seen):
+                    n += 1
+                    d = dataclasses.replace(d, name=f"{base}-{n}")
+        seen.append(d)
+        out.append((line, d, node, path))
+    return out
 
 
 def _name_node(node: Node) -> Node:

@@ -140,9 +140,16 @@ def relabel(r: Reader, node: Node | None, path: str) -> tuple[RelabelConfig, ...
 
 
 def sigv4(
-    r: Reader, node: Node | None, path: str, keys: tuple[str, ...], region_default: str | None = None
+    r: Reader,
+    node: Node | None,
+    path: str,
+    keys: tuple[str, ...],
+    region_default: str | None = None,
+    service_key: str = "service",
 ) -> SigV4Config | None:
-    """A sigv4 block; ``region`` may be left out only when ``region_default`` is known."""
+    """A sigv4 block; ``region`` may be left out only when ``region_default`` is known.
+
+    ``service_key``: the key naming the signing service (Prometheus's sigv4 calls it ``service_name``)."""
     m = r.mapping(node, path, keys)
     if m is None or node is None:
         return None
@@ -157,7 +164,7 @@ def sigv4(
     if external_id is not None and role is None:
         r.error(m["external_id"], f"{path}.external_id", "requires role_arn")
     profile = r.optional_string(m.get("profile"), f"{path}.profile")
-    service = r.string(m.get("service"), f"{path}.service", "aps")
+    service = r.string(m.get(service_key), f"{path}.{service_key}", "aps") or "aps"
     access_key = r.optional_string(m.get("access_key"), f"{path}.access_key") or None
     secret_key = r.optional_string(m.get("secret_key"), f"{path}.secret_key") or None
     if (access_key is None) != (secret_key is None):

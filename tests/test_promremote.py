@@ -144,9 +144,9 @@ BAD = {
         f"remote_write:\n  - url: {AMP}\n    queue_config: {{max_disk: 1GiB}}\n",
         ["relay.yaml:3: remote_write[0].queue_config.max_disk: unknown key (valid: max_shards, "],
     ),
-    "external_id is not Prometheus's": (
-        f"remote_write:\n  - url: {AMP}\n    sigv4: {{region: us-east-1, external_id: x}}\n",
-        ["relay.yaml:3: remote_write[0].sigv4.external_id: unknown key (valid: region, access_key, "],
+    "service is the relay's name, service_name Prometheus's": (
+        f"remote_write:\n  - url: {AMP}\n    sigv4: {{region: us-east-1, service: aps}}\n",
+        ["relay.yaml:3: remote_write[0].sigv4.service: unknown key (valid: region, access_key, "],
     ),
     "names unique across remote_write and destinations": (
         "destinations:\n  - {name: amp, url: 'http://h:1/w'}\n"
@@ -223,3 +223,70 @@ def test_credentials_never_appear_in_the_config_s_repr() -> None:
     text = repr(config)
     assert "hunter2" not in text and base64.b64encode(b"u:hunter2").decode() not in text
     assert "s3cr3t" not in text
+
+
+# Keys of Prometheus 3.x (config/config.go RemoteWriteConfig, prometheus/common HTTPClientConfig,
+# prometheus/sigv4 SigV4Config) that the relay first refused as unknown.
+def test_sigv4_external_id_and_service_name_are_prometheus_keys_and_honoured() -> None:
+    text = (
+        f"remote_write:\n  - url: {AMP}\n    sigv4:\n      role_arn: arn:aws:iam::123456789012:role/w\n"
+        "      external_id: team-gpu\n      service_name: aps\n"
+    )
+    config = parse_config(text)
+    (d,) = config.destinations
+    assert d.sigv4 == SigV4Config("us-east-1", "arn:aws:iam::123456789012:role/w", "team-gpu", service="aps")
+    assert config.warnings == ()
+
+
+def test_sigv4_service_name_other_than_aps_is_what_requests_are_signed_for() -> None:
+    (d,) = parse_config("remote_write:\n  - url: http://127.0.0.1:9/w\n    sigv4: {region: eu-west-1, "
+                        "service_name: execute-api}\n").destinations  # fmt: skip
+    assert d.sigv4 is not None and d.sigv4.service == "execute-api"
+
+
+def test_sigv4_external_id_without_role_arn_is_refused_with_its_line() -> None:
+    with pytest.raises(ConfigError, match=r"relay.yaml:3: remote_write\[0\].sigv4.external_id: requires role_arn"):
+        parse_config(f"remote_write:\n  - url: {AMP}\n    sigv4: {{external_id: x}}\n")
+
+
+def test_sigv4_service_is_not_a_prometheus_key() -> None:
+    with pytest.raises(ConfigError, match=r"remote_write\[0\].sigv4.service: unknown key"):
+        parse_config(f"remote_write:\n  - url: {AMP}\n    sigv4: {{service: aps}}\n")
+
+
+@pytest.mark.parametrize(
+    ("entry", "warning"),
+    [
+        ("    failed_request_logging: true\n", "remote_write[0].failed_request_logging: not honoured"),
+        ("    basic_auth: {username: u, password_ref: p}\n", "basic_auth.password_ref: not honoured"),
+        ("    basic_auth: {username_ref: u, password: p}\n", "basic_auth.username_ref: not honoured"),
+        ("    authorization: {credentials_ref: c}\n", "authorization.credentials_ref: not honoured"),
+    ],
+)
+def test_newer_prometheus_keys_warn_instead_of_failing(entry: str, warning: str) -> None:
+    config = parse_config("remote_write:\n  - url: http://127.0.0.1:9/w\n" + entry)
+    assert len(config.warnings) == 1 and warning in config.warnings[0]
+
+
+def test_failed_request_logging_off_does_not_warn() -> None:
+    assert parse_config(f"remote_write:\n  - url: {AMP}\n    failed_request_logging: false\n").warnings == ()
+
+
+def test_two_unnamed_entries_to_the_same_url_get_distinct_names_as_prometheus_allows() -> None:
+    keep = "    write_relabel_configs: [{source_labels: [__name__], regex: up, action: keep}]\n"
+    text = f"remote_write:\n  - url: {AMP}\n  - url: {AMP}\n{keep}  - url: {AMP}\n    name: mine\n"
+    names = [d.name for d in parse_config(text).destinations]
+    assert names == [default_name(AMP), default_name(AMP) + "-2", "mine"]
+
+
+def test_an_unnamed_entry_does_not_take_the_name_another_entry_gives_itself() -> None:
+    text = f"remote_write:\n  - url: {AMP}\n  - url: http://127.0.0.1:9/w\n    name: {default_name(AMP)}\n"
+    names = [d.name for d in parse_config(text).destinations]
+    assert names == [default_name(AMP) + "-2", default_name(AMP)]
+
+
+def test_an_explicit_duplicate_name_is_still_refused() -> None:
+    text = f"remote_write:\n  - url: {AMP}\n    name: a\n  - url: http://127.0.0.1:9/w\n    name: a\n"
+    message = r'relay.yaml:5: remote_write\[1\].name: duplicate name "a" \(first at line 3\)'
+    with pytest.raises(ConfigError, match=message):
+        parse_config(text)
