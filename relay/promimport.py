@@ -9,6 +9,9 @@ From a Prometheus config it builds
   sends the relay only what some destination wants; ``send_exemplars`` / ``send_native_histograms``
   carry over when any original entry set them.
 
+Credentials are copied as they are (the relay needs them); :attr:`Imported.credentials` names
+each one so that the CLI can say so without printing it.
+
 ``$`` in copied values is written ``$$``, so the relay's ``${VAR}`` expansion gives back exactly
 Prometheus's text; in external label values Prometheus's own ``$VAR`` / ``${VAR}`` stay variables.
 """
@@ -38,6 +41,7 @@ class Imported:
     relay_config: str  # YAML text, valid for check-config
     prometheus_entry: str  # YAML text: ``remote_write:`` with the one entry pointing at the relay
     skipped: tuple[str, ...]  # notes about entries left out (one already pointing at the relay)
+    credentials: tuple[str, ...] = ()  # paths of the secrets copied in clear into relay_config
 
 
 def import_prometheus(
@@ -61,15 +65,20 @@ def import_prometheus(
     entries = doc.get("remote_write") or []
     if not isinstance(entries, list):
         raise ImportError_(f"{filename}: remote_write: expected a list")
+    originals: list[dict[str, Any]] = []
     kept: list[dict[str, Any]] = []
     skipped: list[str] = []
+    credentials: list[str] = []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or "url" not in entry:
             raise ImportError_(f"{filename}: remote_write[{i}]: expected a mapping with a url")
         if str(entry["url"]).rstrip("/") == relay_url.rstrip("/"):
             skipped.append(f"remote_write[{i}] already writes to the relay ({entry['url']}): left out")
             continue
+        originals.append(entry)
         kept.append(_relay_entry(entry))
+        credentials.extend(f"remote_write[{i}].{p}" for p in _secrets(entry))
+    _unique_names(originals, kept)
     _name_amp_entries(kept)
     if not kept:
         raise ImportError_(f"{filename}: no remote_write entry to import")
@@ -85,7 +94,39 @@ def import_prometheus(
         "# Check it with: gpu-relay check-config <this file>; add prune_labels, aggregate, limits or dry_run\n"
         "# in a destinations: entry (see docs/relay-config.md).\n"
     )
-    return Imported(header + _dump(relay), _prometheus_entry(entries, kept, relay_url), tuple(skipped))
+    return Imported(
+        header + _dump(relay), _prometheus_entry(entries, kept, relay_url), tuple(skipped), tuple(credentials)
+    )
+
+
+# (section or "", key) of the secrets of a remote_write entry (Prometheus's <secret> fields)
+SECRETS = (("sigv4", "secret_key"), ("basic_auth", "password"), ("authorization", "credentials"),
+           ("", "bearer_token"), ("oauth2", "client_secret"))  # fmt: skip
+
+
+def _secrets(entry: dict[str, Any]) -> list[str]:
+    """The paths of the non-empty secrets in an entry, as they are copied into the relay config."""
+    found = []
+    for section, key in SECRETS:
+        holder = entry.get(section) if section else entry
+        if isinstance(holder, dict) and holder.get(key) not in (None, ""):
+            found.append(f"{section}.{key}" if section else key)
+    return found
+
+
+def _unique_names(originals: list[dict[str, Any]], kept: list[dict[str, Any]]) -> None:
+    """A name made of one the relay cannot use never takes a name an entry gives itself (-2, -3...)."""
+    given = {e.get("name") for e in originals}
+    taken: set[Any] = set()
+    for original, entry in zip(originals, kept, strict=True):
+        name = entry.get("name")
+        if name != original.get("name"):  # made from an unusable name
+            base, n = name, 1
+            while name in given or name in taken:
+                n += 1
+                name = f"{base}-{n}"
+            entry["name"] = name
+        taken.add(name)
 
 
 def _relay_entry(entry: dict[str, Any]) -> dict[str, Any]:
