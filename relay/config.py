@@ -289,6 +289,9 @@ def _destination(r: Reader, node: Node, path: str, probe: Probe | None) -> Desti
         parts.check_url(r, m["url"], f"{path}.url", url)
     sigv4 = parts.sigv4(r, m.get("sigv4"), f"{path}.sigv4", SIGV4_KEYS)
     check_sigv4(r, url or "", sigv4, m.get("sigv4"), f"{path}.sigv4", probe)
+    if url is not None:
+        hint = f"sigv4: {{region: {parts.amp_region(url)}}}"
+        parts.check_signed(r, m["url"], f"{path}.url", url, sigv4, hint)
     headers = parts.headers(r, m.get("headers"), f"{path}.headers", sigv4=sigv4 is not None)
     write_relabel = parts.relabel(r, m.get("write_relabel_configs"), f"{path}.write_relabel_configs")
     prune = _label_names(r, m.get("prune_labels"), f"{path}.prune_labels", "__name__ cannot be pruned")

@@ -75,6 +75,12 @@ def check_url(r: Reader, node: Node, path: str, url: str) -> bool:
     return True
 
 
+def check_signed(r: Reader, node: Node, path: str, url: str, sigv4: SigV4Config | None, hint: str) -> None:
+    """An AMP URL without sigv4 is a warning: every request would be answered 403."""
+    if sigv4 is None and amp_region(url) is not None:
+        r.warn(node, path, f"an AMP URL without sigv4: AMP answers 403 to unsigned requests (add {hint})")
+
+
 def check_region(r: Reader, url: str, sigv4: SigV4Config | None, node: Node | None, path: str) -> None:
     """An AMP URL's region must be the one requests are signed for (else AMP answers 403)."""
     region = amp_region(url)

@@ -111,6 +111,8 @@ def parse_remote_write(r: Reader, node: Node, path: str, probe: parts.Probe | No
     region = parts.amp_region(url or "")
     sigv4 = parts.sigv4(r, sigv4_node, f"{path}.sigv4", SIGV4_KEYS, region_default=region, service_key="service_name")
     parts.check_sigv4(r, url or "", sigv4, sigv4_node, f"{path}.sigv4", probe)
+    if url is not None:
+        parts.check_signed(r, m["url"], f"{path}.url", url, sigv4, "sigv4: {}")
     headers = parts.headers(r, m.get("headers"), f"{path}.headers", sigv4=sigv4 is not None)
     if (auth := _authorization(r, m, path, sigv4 is not None)) is not None:
         headers = types.MappingProxyType({**headers, "Authorization": auth})

@@ -9,6 +9,7 @@ from relay.promremote import default_name
 from relay.relabel import process
 
 AMP = "https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-1/api/v1/remote_write"
+LOCAL = "http://127.0.0.1:9/w"
 
 # Prometheus's own syntax, every key the issue names, as a user pastes it from prometheus.yml.
 FULL = f"""\
@@ -78,12 +79,12 @@ def test_keys_the_relay_cannot_honour_are_warnings_naming_them() -> None:
         ("    protobuf_message: io.prometheus.write.v2.Request\n", "remote_write[0].protobuf_message: not honoured"),
         ("    queue_config: {retry_on_http_429: false}\n", "queue_config.retry_on_http_429: not honoured"),
         ("    queue_config: {sample_age_limit: 0s}\n", "queue_config.sample_age_limit: 0 (no limit) is not"),
-        ("    sigv4: {use_fips_sts_endpoint: true}\n", "remote_write[0].sigv4.use_fips_sts_endpoint: not honoured"),
+        ("    sigv4: {region: us-east-1, use_fips_sts_endpoint: true}\n", "sigv4.use_fips_sts_endpoint: not honoured"),
         ("    metadata_config: {max_samples_per_send: 10}\n", "metadata_config.max_samples_per_send: not honoured"),
     ],
 )
 def test_each_known_but_unsupported_key_warns(entry: str, warning: str) -> None:
-    config = parse_config(f"remote_write:\n  - url: {AMP}\n" + entry)
+    config = parse_config(f"remote_write:\n  - url: {LOCAL}\n" + entry)  # not AMP: unsigned is fine there
     assert len(config.warnings) == 1 and warning in config.warnings[0]
     assert config.warnings[0].startswith("relay.yaml:3: ")
 
@@ -99,7 +100,7 @@ def test_each_known_but_unsupported_key_warns(entry: str, warning: str) -> None:
     ],
 )
 def test_a_value_the_relay_already_follows_does_not_warn(entry: str) -> None:
-    assert parse_config(f"remote_write:\n  - url: {AMP}\n" + entry).warnings == ()
+    assert parse_config(f"remote_write:\n  - url: {LOCAL}\n" + entry).warnings == ()
 
 
 def test_sample_age_limit_and_remote_timeout_map_to_the_relay_s_names() -> None:
@@ -269,7 +270,7 @@ def test_newer_prometheus_keys_warn_instead_of_failing(entry: str, warning: str)
 
 
 def test_failed_request_logging_off_does_not_warn() -> None:
-    assert parse_config(f"remote_write:\n  - url: {AMP}\n    failed_request_logging: false\n").warnings == ()
+    assert parse_config(f"remote_write:\n  - url: {LOCAL}\n    failed_request_logging: false\n").warnings == ()
 
 
 def test_two_unnamed_entries_to_the_same_url_get_distinct_names_as_prometheus_allows() -> None:
@@ -290,3 +291,23 @@ def test_an_explicit_duplicate_name_is_still_refused() -> None:
     message = r'relay.yaml:5: remote_write\[1\].name: duplicate name "a" \(first at line 3\)'
     with pytest.raises(ConfigError, match=message):
         parse_config(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "warning"),
+    [
+        (f"remote_write:\n  - url: {AMP}\n", "relay.yaml:2: remote_write[0].url: an AMP URL without sigv4: AMP "
+         "answers 403 to unsigned requests (add sigv4: {})"),
+        (f"remote_write:\n  - url: {AMP}\n    sigv4:\n", "relay.yaml:2: remote_write[0].url: an AMP URL without sigv4"),
+        (f"destinations:\n  - name: a\n    url: {AMP}\n", "relay.yaml:3: destinations[0].url: an AMP URL without "
+         "sigv4: AMP answers 403 to unsigned requests (add sigv4: {region: us-east-1})"),
+    ],
+)  # fmt: skip
+def test_an_amp_url_without_sigv4_is_a_warning(text: str, warning: str) -> None:
+    (found,) = parse_config(text).warnings
+    assert found.startswith(warning)
+
+
+def test_an_amp_url_with_sigv4_or_a_url_elsewhere_does_not_warn() -> None:
+    text = f"remote_write:\n  - url: {AMP}\n    sigv4: {{}}\n  - url: http://127.0.0.1:9/w\n"
+    assert parse_config(text).warnings == ()
