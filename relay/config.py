@@ -173,8 +173,6 @@ def _all_destinations(
     found: list[tuple[int, DestinationConfig, Node, str]] = []  # (line, destination, name node, path)
     for key in ("destinations", "remote_write"):
         items = r.sequence(m.get(key), key)
-        if isinstance(m.get(key), SequenceNode) and not items and key == "destinations":
-            r.error(m[key], key, "at least one destination is required")
         for node, path in items:
             if key == "destinations":
                 d = _destination(r, node, path, probe)
@@ -183,6 +181,10 @@ def _all_destinations(
             found.append((node.start_mark.line, d, _name_node(node), path))
     if "destinations" not in m and "remote_write" not in m:
         r.error(root, "destinations", "missing required key (or remote_write)")
+    elif not found:  # an empty or null list: the relay would acknowledge writes and send them nowhere
+        key = "destinations" if "destinations" in m else "remote_write"
+        if all(r.is_absent(m.get(k)) or isinstance(m.get(k), SequenceNode) for k in ("destinations", "remote_write")):
+            r.error(m[key], key, "at least one destination is required")
     found.sort(key=lambda f: f[0])
     found = _name_unnamed(found)
     first: dict[str, int] = {}

@@ -311,3 +311,25 @@ def test_an_amp_url_without_sigv4_is_a_warning(text: str, warning: str) -> None:
 def test_an_amp_url_with_sigv4_or_a_url_elsewhere_does_not_warn() -> None:
     text = f"remote_write:\n  - url: {AMP}\n    sigv4: {{}}\n  - url: http://127.0.0.1:9/w\n"
     assert parse_config(text).warnings == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("remote_write: []\n", "relay.yaml:1: remote_write: at least one destination is required"),
+        ("remote_write:\n", "relay.yaml:1: remote_write: at least one destination is required"),
+        ("destinations:\n", "relay.yaml:1: destinations: at least one destination is required"),
+        ("destinations: []\nremote_write: []\n", "relay.yaml:1: destinations: at least one destination is required"),
+    ],
+)
+def test_a_config_without_any_destination_is_refused_rather_than_acking_writes_to_nowhere(
+    text: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    assert str(info.value).splitlines() == [message]
+
+
+def test_an_empty_destinations_list_is_fine_beside_a_remote_write_entry() -> None:
+    (d,) = parse_config(f"destinations: []\nremote_write:\n  - url: {LOCAL}\n").destinations
+    assert d.url == LOCAL
