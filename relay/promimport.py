@@ -95,7 +95,7 @@ def import_prometheus(
         "# in a destinations: entry (see docs/relay-config.md).\n"
     )
     return Imported(
-        header + _dump(relay), _prometheus_entry(entries, kept, relay_url), tuple(skipped), tuple(credentials)
+        header + _dump(relay), _prometheus_entry(entries, originals, relay_url), tuple(skipped), tuple(credentials)
     )
 
 
@@ -147,9 +147,11 @@ def _name_amp_entries(entries: list[dict[str, Any]]) -> None:
             taken.add(name)
 
 
-def _prometheus_entry(originals: list[Any], kept: list[dict[str, Any]], relay_url: str) -> str:
+def _prometheus_entry(originals: list[Any], imported: list[dict[str, Any]], relay_url: str) -> str:
+    """The entry pointing at the relay: the union of the imported entries' leading keep rules (when
+    each has one), and the exemplar / native histogram flags of any entry, the relay's own included."""
     entry: dict[str, Any] = {"url": relay_url, "name": ENTRY_NAME}
-    regexes = [_leading_keep(e) for e in originals if isinstance(e, dict) and e.get("url") != relay_url]
+    regexes = [_leading_keep(e) for e in imported]
     if regexes and all(r is not None for r in regexes):
         union = "|".join(f"(?:{r})" for r in dict.fromkeys(r for r in regexes if r is not None))
         entry["write_relabel_configs"] = [{"source_labels": ["__name__"], "regex": union, "action": "keep"}]

@@ -217,3 +217,16 @@ def test_credentials_copied_in_clear_are_named_on_stderr_never_printed_there(
     assert "credentials copied in clear from" in err and "remote_write[3].bearer_token" in err
     assert not any(s in err + out for s in ("s3cr3t-key", "pa55word", "t0ken", "b3arer"))
     assert "s3cr3t-key" in (tmp_path / "relay.yaml").read_text()  # the config needs it to work
+
+
+def test_an_entry_left_out_as_the_relay_s_own_does_not_change_the_keep_rule(tmp_path: Path) -> None:
+    path = tmp_path / "prometheus.yml"
+    path.write_text(
+        "remote_write:\n  - url: http://127.0.0.1:9201/api/v1/write/\n"
+        "  - url: http://h:1/w\n    write_relabel_configs: [{source_labels: [__name__], regex: 'DCGM_.*', "
+        "action: keep}]\n"
+    )
+    imported = import_prometheus(path)
+    assert imported.skipped and "left out" in imported.skipped[0]
+    (entry,) = yaml.safe_load(imported.prometheus_entry)["remote_write"]
+    assert entry["write_relabel_configs"] == [{"source_labels": ["__name__"], "regex": "(?:DCGM_.*)", "action": "keep"}]
