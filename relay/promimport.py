@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -48,6 +49,7 @@ def import_prometheus(
     path: str | Path, relay_url: str = RELAY_WRITE_URL, storage: str = "/var/lib/gpu-relay"
 ) -> Imported:
     filename = str(path)
+    listen = _listen_of(relay_url)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -84,7 +86,7 @@ def import_prometheus(
         raise ImportError_(f"{filename}: no remote_write entry to import")
     glob = doc.get("global") or {}
     external = glob.get("external_labels") if isinstance(glob, dict) else None
-    relay: dict[str, Any] = {"server": {"listen": _listen_of(relay_url)}}
+    relay: dict[str, Any] = {"server": {"listen": listen}}
     if isinstance(external, dict) and external:
         relay["external_labels"] = {str(k): _Quoted(_external_value(str(v))) for k, v in external.items()}
     relay["storage"] = {"path": _escape(storage)}
@@ -176,8 +178,18 @@ def _leading_keep(entry: dict[str, Any]) -> str | None:
 
 
 def _listen_of(url: str) -> str:
-    m = re.match(r"https?://([^/]+)", url)
-    return m.group(1) if m else "127.0.0.1:9201"
+    """The relay's ``server.listen`` for ``--relay-url``; a URL it could not serve is refused."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or 80
+    except ValueError as e:
+        raise ImportError_(f"--relay-url {url}: invalid URL: {e}") from e
+    if parts.scheme != "http" or not parts.hostname:
+        raise ImportError_(f"--relay-url {url}: the relay serves plain http (http://HOST:PORT/api/v1/write)")
+    if parts.path != "/api/v1/write":
+        raise ImportError_(f'--relay-url {url}: the relay receives on the path "/api/v1/write"')
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{host}:{port}"
 
 
 def _escape(text: str) -> str:

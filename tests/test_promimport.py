@@ -4,6 +4,7 @@ check-config, the Prometheus part spliced back into the original and checked by 
 from __future__ import annotations
 
 import base64
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -230,3 +231,26 @@ def test_an_entry_left_out_as_the_relay_s_own_does_not_change_the_keep_rule(tmp_
     assert imported.skipped and "left out" in imported.skipped[0]
     (entry,) = yaml.safe_load(imported.prometheus_entry)["remote_write"]
     assert entry["write_relabel_configs"] == [{"source_labels": ["__name__"], "regex": "(?:DCGM_.*)", "action": "keep"}]
+
+
+@pytest.mark.parametrize(
+    ("url", "listen"),
+    [("http://localhost/api/v1/write", "localhost:80"), ("http://[::1]:9301/api/v1/write", "[::1]:9301")],
+)
+def test_relay_url_gives_the_relay_s_listen_address(url: str, listen: str) -> None:
+    imported = import_prometheus(PROM / "seed.yml", relay_url=url)
+    assert yaml.safe_load(imported.relay_config)["server"]["listen"] == listen
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("https://127.0.0.1:9201/api/v1/write", "the relay serves plain http"),
+        ("http://127.0.0.1:9201/write", 'the relay receives on the path "/api/v1/write"'),
+        ("127.0.0.1:9201", "the relay serves plain http"),
+        ("http://127.0.0.1:x/api/v1/write", "invalid"),
+    ],
+)
+def test_a_relay_url_the_relay_cannot_serve_is_refused(url: str, message: str) -> None:
+    with pytest.raises(ImportError_, match=f"--relay-url {re.escape(url)}: .*{re.escape(message)}"):
+        import_prometheus(PROM / "seed.yml", relay_url=url)
