@@ -236,7 +236,7 @@ def _server(r: Reader, node: Node | None) -> ServerConfig:
     tnode = s.get("telemetry_listen")
     tpath = "server.telemetry_listen"
     if telemetry is not None and tnode is not None and parts.check_host_port(r, tnode, tpath, telemetry) and (
-        telemetry == listen
+        _same_socket(telemetry, listen)
     ):
         r.error(tnode, tpath, "must differ from listen (leave it out to serve telemetry on "
                 "the write listener)")  # fmt: skip
@@ -249,6 +249,15 @@ def _server(r: Reader, node: Node | None) -> ServerConfig:
         r.duration(s.get("idle_timeout"), "server.idle_timeout", d.idle_timeout, positive=True),
         r.boolean(s.get("enable_lifecycle"), "server.enable_lifecycle", d.enable_lifecycle),
     )
+
+
+_ANY_HOST = ("", "0.0.0.0", "[::]", "::")
+
+
+def _same_socket(a: str, b: str) -> bool:
+    """Whether two ``host:port`` listeners would bind the same port (a wildcard host takes them all)."""
+    (ha, _, pa), (hb, _, pb) = a.rpartition(":"), b.rpartition(":")
+    return pa == pb and (ha == hb or ha in _ANY_HOST or hb in _ANY_HOST)
 
 
 def _scrape(r: Reader, node: Node, path: str) -> ScrapeConfig:
