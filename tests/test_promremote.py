@@ -4,6 +4,7 @@ import base64
 
 import pytest
 
+from relay import promremote
 from relay.config import ConfigError, DestinationConfig, QueueConfig, SigV4Config, parse_config
 from relay.promremote import default_name
 from relay.relabel import process
@@ -333,3 +334,76 @@ def test_a_config_without_any_destination_is_refused_rather_than_acking_writes_t
 def test_an_empty_destinations_list_is_fine_beside_a_remote_write_entry() -> None:
     (d,) = parse_config(f"destinations: []\nremote_write:\n  - url: {LOCAL}\n").destinations
     assert d.url == LOCAL
+
+
+# Every key of Prometheus 3.x's RemoteWriteConfig (config/config.go), HTTPClientConfig
+# (prometheus/common config/http_config.go), QueueConfig, MetadataConfig and SigV4Config
+# (prometheus/sigv4), set to a value the relay does not already follow, in one paste.
+EVERY_KEY = f"""\
+remote_write:
+  - url: {AMP}
+    name: amp
+    remote_timeout: 20s
+    headers: {{X-Team: gpu}}
+    write_relabel_configs: [{{source_labels: [__name__], regex: 'DCGM_.*', action: keep}}]
+    send_exemplars: false
+    send_native_histograms: false
+    round_robin_dns: true
+    protobuf_message: io.prometheus.write.v2.Request
+    failed_request_logging: true
+    tls_config: {{insecure_skip_verify: true}}
+    proxy_url: http://proxy:3128
+    no_proxy: 10.0.0.0/8
+    proxy_connect_header: {{X-P: [v]}}
+    follow_redirects: true
+    enable_http2: true
+    http_headers: {{X-H: {{values: [v]}}}}
+    queue_config:
+      capacity: 2500
+      max_shards: 20
+      min_shards: 2
+      max_samples_per_send: 500
+      batch_send_deadline: 2s
+      min_backoff: 50ms
+      max_backoff: 10s
+      retry_on_http_429: false
+      sample_age_limit: 30m
+    metadata_config: {{send: false, send_interval: 2m, max_samples_per_send: 100}}
+    sigv4:
+      region: us-east-1
+      access_key: AKIAEXAMPLE
+      secret_key: s3cr3t
+      profile: prod
+      role_arn: arn:aws:iam::123456789012:role/amp-writer
+      external_id: gpu
+      use_fips_sts_endpoint: true
+      service_name: aps
+  - {{url: 'http://127.0.0.1:9/a', proxy_from_environment: true, oauth2: {{client_id: c, token_url: 'http://t'}}}}
+  - {{url: 'http://127.0.0.1:9/b', azuread: {{cloud: AzurePublic}}}}
+  - {{url: 'http://127.0.0.1:9/c', google_iam: {{credentials_file: /c.json}}}}
+  - {{url: 'http://127.0.0.1:9/d', bearer_token_file: /t}}
+  - {{url: 'http://127.0.0.1:9/e', basic_auth: {{username_file: /u, password_file: /p}}}}
+  - {{url: 'http://127.0.0.1:9/f', authorization: {{type: Bearer, credentials_file: /c}}}}
+"""
+HONOURED_HERE = {"url", "name", "remote_timeout", "headers", "write_relabel_configs", "queue_config",
+                 "metadata_config", "sigv4", "basic_auth", "authorization"}  # fmt: skip
+
+
+def test_every_prometheus_remote_write_key_is_honoured_or_warned_never_an_error() -> None:
+    config = parse_config(EVERY_KEY)
+    amp = config.destinations[0]
+    assert amp.queue == QueueConfig(500, 2.0, 20, 0.05, 10.0, 1800.0, 1024**3, 20.0)
+    assert amp.sigv4 == SigV4Config("us-east-1", "arn:aws:iam::123456789012:role/amp-writer", "gpu", "prod", "aps",
+                                    "AKIAEXAMPLE", "s3cr3t")  # fmt: skip
+    assert (amp.send_metadata, dict(amp.headers)) == (False, {"X-Team": "gpu"})
+    warned = {w.split(": ")[1] for w in config.warnings}
+    top = {k for k in promremote.HONOURED + tuple(promremote.NOT_HONOURED) if k not in HONOURED_HERE}
+    expected = {f"remote_write[0].{k}" for k in top if k not in
+                ("oauth2", "azuread", "google_iam", "bearer_token_file", "proxy_from_environment", "bearer_token")}
+    expected |= {f"remote_write[0].queue_config.{k}" for k in promremote.QUEUE_NOT_HONOURED}
+    expected |= {f"remote_write[0].metadata_config.{k}" for k in promremote.METADATA_NOT_HONOURED}
+    expected |= {"remote_write[0].sigv4.use_fips_sts_endpoint", "remote_write[1].proxy_from_environment",
+                 "remote_write[1].oauth2", "remote_write[2].azuread", "remote_write[3].google_iam",
+                 "remote_write[4].bearer_token_file", "remote_write[5].basic_auth.username_file",
+                 "remote_write[5].basic_auth.password_file", "remote_write[6].authorization.credentials_file"}
+    assert warned == expected
