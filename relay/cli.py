@@ -264,6 +264,10 @@ def _cmd_import_prometheus(args: argparse.Namespace) -> int:
         return 1
     for note in imported.skipped:
         print(f"gpu-relay import-prometheus: {note}", file=sys.stderr)
+    if imported.credentials:
+        print(f"gpu-relay import-prometheus: credentials copied in clear from {args.prometheus_config}: "
+              f"{', '.join(imported.credentials)}: keep the relay config in a Secret, or write them as ${{VAR}}",
+              file=sys.stderr)  # fmt: skip
     names = promimport.variables(imported.relay_config)
     if names:
         print(f"gpu-relay import-prometheus: the relay config uses environment variables {', '.join(names)}: "

@@ -2,10 +2,11 @@
 
 Every problem is reported, not just the first, each naming the file, the 1-based line of the
 offending key or value and the field path: ``relay.yaml:12: destinations[0].queue.max_backoff:
-invalid duration "5q"``. ``${VAR}`` / ``${VAR:-default}`` are expanded first, line by line
-(:mod:`relay.envexpand`). The YAML is then composed into nodes (which carry their line) and walked
-by a schema-aware reader (:class:`relay.yamlnodes.Reader`); relabel rules go to :mod:`relay.relabel`,
-aggregate selectors to :mod:`relay.selector`, and the entries of a Prometheus-style
+invalid duration "5q"``. The YAML is composed into nodes (which carry their line), the values of
+``${VAR}`` / ``${VAR:-default}`` are put into its scalars (:mod:`relay.envexpand`: a value is one
+YAML value, whatever it holds), and the nodes are walked by a schema-aware reader
+(:class:`relay.yamlnodes.Reader`); relabel rules go to :mod:`relay.relabel`, aggregate selectors to
+:mod:`relay.selector`, and the entries of a Prometheus-style
 ``remote_write:`` list to :mod:`relay.promremote`; all become :class:`DestinationConfig`.
 
 ``probe`` (check-config only) adds warnings about the machine the check runs on: a sigv4 profile
@@ -14,12 +15,13 @@ that does not exist there, a ``storage.path`` that cannot be created or written.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
-from yaml.nodes import MappingNode, Node, SequenceNode
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from relay import config_parts as parts
 from relay import labels as lb
@@ -37,7 +39,7 @@ from relay.config_model import (
 )
 from relay.config_model import MiB as MiB
 from relay.config_parts import Probe, check_sigv4
-from relay.envexpand import expand
+from relay.envexpand import ExpansionIssue, Template, template
 from relay.promremote import parse_remote_write
 from relay.relabel import RelabelConfig
 from relay.selector import SelectorError, parse_selector
@@ -78,17 +80,17 @@ def parse_config(
     """Parse config text; raises :class:`ConfigError` listing every problem, sorted by line.
 
     ``env`` (default: ``os.environ``) supplies ``${VAR}``; an unset one is an error on its line."""
-    text, unset = expand(text, os.environ if env is None else env)
-    if unset:
-        raise ConfigError([ConfigIssue(filename, u.line, "", u.message) for u in unset])
+    tmpl = template(text, os.environ if env is None else env)
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(tmpl.text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark is not None else 1
         raise ConfigError([ConfigIssue(filename, line, "", f"invalid YAML: {e.problem or e.context}")]) from e
     except yaml.YAMLError as e:
         raise ConfigError([ConfigIssue(filename, 1, "", f"invalid YAML: {e}")]) from e
+    if root is not None and (unset := _fill(tmpl, root)):
+        raise ConfigError([ConfigIssue(filename, u.line, "", u.message) for u in sorted(unset, key=lambda u: u.line)])
     if root is None:
         raise ConfigError(
             [ConfigIssue(filename, 1, "", "empty config: at least one destination is required")]
@@ -100,6 +102,40 @@ def parse_config(
     warnings = tuple(str(w) for w in sorted(r.warnings, key=lambda i: i.line))
     return Config(config.server, config.external_labels, config.global_relabel, config.storage_path,
                   config.scrape, config.destinations, config.source, warnings)  # fmt: skip
+
+
+_RESOLVER = yaml.resolver.Resolver()
+
+
+def _implicit_tag(value: str) -> str:
+    """The tag YAML gives an unquoted scalar with this text (int, bool, null, str...)."""
+    tag: str = _RESOLVER.resolve(ScalarNode, value, (True, False))  # type: ignore[no-untyped-call]
+    return tag
+
+
+def _fill(tmpl: Template, root: Node) -> list[ExpansionIssue]:
+    """Put the environment's values into the scalars; an unquoted one is typed again after it.
+
+    Each node once (an alias shares its anchor's node); the problems of the placeholders used."""
+    issues: list[ExpansionIssue] = []
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, MappingNode):
+            stack.extend(n for pair in node.value for n in pair)
+        elif isinstance(node, SequenceNode):
+            stack.extend(node.value)
+        elif isinstance(node, ScalarNode) and tmpl.holds_placeholder(node.value):
+            value, found = tmpl.fill(node.value)
+            issues.extend(i for i in found if i not in issues)
+            if node.style is None and node.tag == _implicit_tag(node.value):
+                node.tag = _implicit_tag(value)
+            node.value = value
+    return issues
 
 
 def _parse_root(r: Reader, root: Node, probe: Probe | None) -> Config:
@@ -137,8 +173,6 @@ def _all_destinations(
     found: list[tuple[int, DestinationConfig, Node, str]] = []  # (line, destination, name node, path)
     for key in ("destinations", "remote_write"):
         items = r.sequence(m.get(key), key)
-        if isinstance(m.get(key), SequenceNode) and not items and key == "destinations":
-            r.error(m[key], key, "at least one destination is required")
         for node, path in items:
             if key == "destinations":
                 d = _destination(r, node, path, probe)
@@ -147,13 +181,43 @@ def _all_destinations(
             found.append((node.start_mark.line, d, _name_node(node), path))
     if "destinations" not in m and "remote_write" not in m:
         r.error(root, "destinations", "missing required key (or remote_write)")
+    elif not found:  # an empty or null list: the relay would acknowledge writes and send them nowhere
+        key = "destinations" if "destinations" in m else "remote_write"
+        if all(r.is_absent(m.get(k)) or isinstance(m.get(k), SequenceNode) for k in ("destinations", "remote_write")):
+            r.error(m[key], key, "at least one destination is required")
     found.sort(key=lambda f: f[0])
+    found = _name_unnamed(found)
     first: dict[str, int] = {}
     for _, d, node, path in found:
         if d.name and d.name in first:
             r.error(node, f"{path}.name", f'duplicate name "{d.name}" (first at line {first[d.name]})')
         first.setdefault(d.name, node.start_mark.line + 1)
     return tuple(d for _, d, _, _ in found)
+
+
+def _name_unnamed(
+    found: list[tuple[int, DestinationConfig, Node, str]],
+) -> list[tuple[int, DestinationConfig, Node, str]]:
+    """Unnamed remote_write entries to one URL: ``rw-<hash>``, then ``-2``, ``-3``... in file order.
+
+    Prometheus allows several entries to one URL when they differ (it names each by a hash of the
+    whole entry); one identical to an earlier entry keeps its name and so stays a duplicate error,
+    as Prometheus refuses it. A name some entry sets itself is never taken."""
+    explicit = {d.name for _, d, node, _ in found if isinstance(node, ScalarNode) and node.value == d.name}
+    seen: list[DestinationConfig] = []
+    out: list[tuple[int, DestinationConfig, Node, str]] = []
+    for line, d, node, path in found:
+        unnamed = path.startswith("remote_write[") and not (isinstance(node, ScalarNode) and node.value == d.name)
+        if unnamed and d.name:
+            base = d.name
+            if not any(dataclasses.replace(s, name=base) == d for s in seen):
+                n = 1
+                while d.name in explicit or any(s.name == d.name for s in seen):
+                    n += 1
+                    d = dataclasses.replace(d, name=f"{base}-{n}")
+        seen.append(d)
+        out.append((line, d, node, path))
+    return out
 
 
 def _name_node(node: Node) -> Node:
@@ -172,7 +236,7 @@ def _server(r: Reader, node: Node | None) -> ServerConfig:
     tnode = s.get("telemetry_listen")
     tpath = "server.telemetry_listen"
     if telemetry is not None and tnode is not None and parts.check_host_port(r, tnode, tpath, telemetry) and (
-        telemetry == listen
+        _same_socket(telemetry, listen)
     ):
         r.error(tnode, tpath, "must differ from listen (leave it out to serve telemetry on "
                 "the write listener)")  # fmt: skip
@@ -185,6 +249,15 @@ def _server(r: Reader, node: Node | None) -> ServerConfig:
         r.duration(s.get("idle_timeout"), "server.idle_timeout", d.idle_timeout, positive=True),
         r.boolean(s.get("enable_lifecycle"), "server.enable_lifecycle", d.enable_lifecycle),
     )
+
+
+_ANY_HOST = ("", "0.0.0.0", "[::]", "::")
+
+
+def _same_socket(a: str, b: str) -> bool:
+    """Whether two ``host:port`` listeners would bind the same port (a wildcard host takes them all)."""
+    (ha, _, pa), (hb, _, pb) = a.rpartition(":"), b.rpartition(":")
+    return pa == pb and (ha == hb or ha in _ANY_HOST or hb in _ANY_HOST)
 
 
 def _scrape(r: Reader, node: Node, path: str) -> ScrapeConfig:
@@ -227,6 +300,9 @@ def _destination(r: Reader, node: Node, path: str, probe: Probe | None) -> Desti
         parts.check_url(r, m["url"], f"{path}.url", url)
     sigv4 = parts.sigv4(r, m.get("sigv4"), f"{path}.sigv4", SIGV4_KEYS)
     check_sigv4(r, url or "", sigv4, m.get("sigv4"), f"{path}.sigv4", probe)
+    if url is not None:
+        hint = f"sigv4: {{region: {parts.amp_region(url)}}}"
+        parts.check_signed(r, m["url"], f"{path}.url", url, sigv4, hint)
     headers = parts.headers(r, m.get("headers"), f"{path}.headers", sigv4=sigv4 is not None)
     write_relabel = parts.relabel(r, m.get("write_relabel_configs"), f"{path}.write_relabel_configs")
     prune = _label_names(r, m.get("prune_labels"), f"{path}.prune_labels", "__name__ cannot be pruned")

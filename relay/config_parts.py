@@ -75,6 +75,12 @@ def check_url(r: Reader, node: Node, path: str, url: str) -> bool:
     return True
 
 
+def check_signed(r: Reader, node: Node, path: str, url: str, sigv4: SigV4Config | None, hint: str) -> None:
+    """An AMP URL without sigv4 is a warning: every request would be answered 403."""
+    if sigv4 is None and amp_region(url) is not None:
+        r.warn(node, path, f"an AMP URL without sigv4: AMP answers 403 to unsigned requests (add {hint})")
+
+
 def check_region(r: Reader, url: str, sigv4: SigV4Config | None, node: Node | None, path: str) -> None:
     """An AMP URL's region must be the one requests are signed for (else AMP answers 403)."""
     region = amp_region(url)
@@ -140,9 +146,16 @@ def relabel(r: Reader, node: Node | None, path: str) -> tuple[RelabelConfig, ...
 
 
 def sigv4(
-    r: Reader, node: Node | None, path: str, keys: tuple[str, ...], region_default: str | None = None
+    r: Reader,
+    node: Node | None,
+    path: str,
+    keys: tuple[str, ...],
+    region_default: str | None = None,
+    service_key: str = "service",
 ) -> SigV4Config | None:
-    """A sigv4 block; ``region`` may be left out only when ``region_default`` is known."""
+    """A sigv4 block; ``region`` may be left out only when ``region_default`` is known.
+
+    ``service_key``: the key naming the signing service (Prometheus's sigv4 calls it ``service_name``)."""
     m = r.mapping(node, path, keys)
     if m is None or node is None:
         return None
@@ -157,7 +170,7 @@ def sigv4(
     if external_id is not None and role is None:
         r.error(m["external_id"], f"{path}.external_id", "requires role_arn")
     profile = r.optional_string(m.get("profile"), f"{path}.profile")
-    service = r.string(m.get("service"), f"{path}.service", "aps")
+    service = r.string(m.get(service_key), f"{path}.{service_key}", "aps") or "aps"
     access_key = r.optional_string(m.get("access_key"), f"{path}.access_key") or None
     secret_key = r.optional_string(m.get("secret_key"), f"{path}.secret_key") or None
     if (access_key is None) != (secret_key is None):

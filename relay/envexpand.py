@@ -1,25 +1,31 @@
 """``${VAR}`` and ``${VAR:-default}`` in the relay config, expanded from the environment.
 
-Expansion runs on the file's text before YAML parsing and never adds or removes a line, so every
-error still names the line of the file as written. Rules:
+A value is put in after the YAML has been read, never pasted into its text: :func:`template`
+replaces each ``$$`` and ``${...}`` of the file by an inert placeholder (letters and digits, valid
+in every YAML context, even a flow mapping), the YAML is composed from that, and :meth:`Template.fill`
+puts the values into the scalars that hold placeholders. So a value is exactly one YAML value
+whatever it holds (``: ``, `` #``, quotes, brackets, line breaks), every line keeps its number, and a
+variable in a comment is neither expanded nor required. An unquoted scalar is typed after filling
+(``max_shards: ${SHARDS}`` is an integer, an empty value a null, i.e. the default); a quoted one
+stays a string. Rules:
+
 - ``${NAME}``: the variable's value; NAME is ``[A-Za-z_][A-Za-z0-9_]*``. Unset: an error naming the
   line (an empty value is used as is).
-- ``${NAME:-default}``: the default when the variable is unset or empty (the shell's ``:-``).
+- ``${NAME:-default}``: the default when the variable is unset or empty (the shell's ``:-``); the
+  default may hold ``$$`` and variables of its own (``${A:-${B:-x}}``), expanded only when used.
+- ``${NAME`` followed by anything else (the shell's ``-``, ``:=``, ``:?``, ``:+``) is an error, not text.
 - ``$$`` is a literal ``$`` (write ``$${1}`` for a relabel ``${1}``, ``$$$$`` for ``$$``).
 - Anything else with a ``$`` is left as it is (``$1``, ``${1}`` and ``$name`` of relabel
-  replacements), and so are whole-line comments (a line whose first non-blank character is ``#``).
-- A value with a line break is refused: it would move every following line.
-The value is inserted as text: quote the YAML scalar around ``${VAR}`` if the value may contain
-YAML syntax (``: ``, ``#``, a leading ``*``).
+  replacements, an unclosed ``${``).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-_TOKEN = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}\n]*))?\}")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -29,30 +35,109 @@ class ExpansionIssue:
     message: str
 
 
-def expand(text: str, env: Mapping[str, str]) -> tuple[str, list[ExpansionIssue]]:
-    """The text with every variable expanded, and the problems found (unset, multi-line values)."""
-    issues: list[ExpansionIssue] = []
+@dataclass
+class _Expansion:
+    value: str
+    issues: list[ExpansionIssue] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Template:
+    """A text with a placeholder in place of each ``$$`` and ``${...}``, and what each stands for."""
+
+    text: str
+    _pattern: re.Pattern[str]
+    _expansions: tuple[_Expansion, ...]
+
+    def fill(self, text: str) -> tuple[str, list[ExpansionIssue]]:
+        """``text`` (a scalar's value) with its placeholders replaced, and their problems."""
+        issues: list[ExpansionIssue] = []
+
+        def one(m: re.Match[str]) -> str:
+            e = self._expansions[int(m.group(1))]
+            issues.extend(e.issues)
+            return e.value
+
+        return self._pattern.sub(one, text), issues
+
+    def holds_placeholder(self, text: str) -> bool:
+        return self._pattern.search(text) is not None
+
+
+def template(text: str, env: Mapping[str, str]) -> Template:
+    """Every ``$$`` and ``${...}`` of ``text`` expanded from ``env`` and replaced by a placeholder."""
+    prefix = "GpuRelayEnv"
+    while prefix in text:
+        prefix += "X"
+    expansions: list[_Expansion] = []
     out: list[str] = []
-    for number, line in enumerate(text.splitlines(keepends=True), 1):
-        if "$" not in line or line.lstrip().startswith("#"):
-            out.append(line)
+    line, i = 1, 0
+    while (j := text.find("$", i)) >= 0:
+        line += text.count("\n", i, j)
+        out.append(text[i:j])
+        end, expansion = _token(text, j, env, line)
+        if expansion is None:
+            out.append(text[j:end])
+        else:
+            out.append(f"{prefix}{len(expansions)}Z")
+            expansions.append(expansion)
+        line += text.count("\n", j, end)
+        i = end
+    out.append(text[i:])
+    return Template("".join(out), re.compile(re.escape(prefix) + r"(\d+)Z"), tuple(expansions))
+
+
+def expand(text: str, env: Mapping[str, str]) -> tuple[str, list[ExpansionIssue]]:
+    """The text with every variable expanded, and the problems found (unset variables, bad forms)."""
+    t = template(text, env)
+    return t.fill(t.text)
+
+
+def _token(text: str, j: int, env: Mapping[str, str], line: int) -> tuple[int, _Expansion | None]:
+    """The end of the token at ``text[j] == "$"`` and its expansion (None: the text stays as it is)."""
+    if text.startswith("$$", j):
+        return j + 2, _Expansion("$")
+    m = _NAME.match(text, j + 2) if text.startswith("${", j) else None
+    if m is None:
+        return j + 1, None
+    name, k = m.group(), m.end()
+    if text.startswith("}", k):
+        value = env.get(name)
+        if value is None:
+            message = f"environment variable {name} is not set (give a default: ${{{name}:-value}}; $$ is a literal $)"
+            return k + 1, _Expansion("", [ExpansionIssue(line, name, message)])
+        return k + 1, _Expansion(value)
+    close = _closing(text, k)
+    if close is None:
+        return j + 1, None  # not closed on this line: not a variable
+    if not text.startswith(":-", k):
+        form = text[j : close + 1]
+        message = f"unsupported form {form}: use ${{{name}}} or ${{{name}:-default}}"
+        return close + 1, _Expansion("", [ExpansionIssue(line, name, message)])
+    value = env.get(name)
+    if value:
+        return close + 1, _Expansion(value)
+    default, issues = expand(text[k + 2 : close], env)
+    return close + 1, _Expansion(default, [ExpansionIssue(line, i.variable, i.message) for i in issues])
+
+
+def _closing(text: str, start: int) -> int | None:
+    """The index of the ``}`` that closes a ``${`` whose body starts at ``start`` (same line only)."""
+    depth, p = 0, start
+    while p < len(text):
+        if text.startswith("$$", p):
+            p += 2
             continue
-
-        def replace(m: re.Match[str], number: int = number) -> str:
-            if m.group(0) == "$$":
-                return "$"
-            name, default = m.group(1), m.group(2)
-            value = env.get(name)
-            if default is not None and not value:
-                value = default
-            if value is None:
-                issues.append(ExpansionIssue(number, name, f"environment variable {name} is not set "
-                                             f"(give a default: ${{{name}:-value}}; $$ is a literal $)"))  # fmt: skip
-                return ""
-            if "\n" in value or "\r" in value:
-                issues.append(ExpansionIssue(number, name, f"environment variable {name} contains a line break"))
-                return ""
-            return value
-
-        out.append(_TOKEN.sub(replace, line))
-    return "".join(out), issues
+        c = text[p]
+        if c == "\n":
+            return None
+        if text.startswith("${", p):
+            depth += 1
+            p += 2
+            continue
+        if c == "}":
+            if depth == 0:
+                return p
+            depth -= 1
+        p += 1
+    return None

@@ -9,6 +9,9 @@ From a Prometheus config it builds
   sends the relay only what some destination wants; ``send_exemplars`` / ``send_native_histograms``
   carry over when any original entry set them.
 
+Credentials are copied as they are (the relay needs them); :attr:`Imported.credentials` names
+each one so that the CLI can say so without printing it.
+
 ``$`` in copied values is written ``$$``, so the relay's ``${VAR}`` expansion gives back exactly
 Prometheus's text; in external label values Prometheus's own ``$VAR`` / ``${VAR}`` stay variables.
 """
@@ -19,6 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -38,12 +42,14 @@ class Imported:
     relay_config: str  # YAML text, valid for check-config
     prometheus_entry: str  # YAML text: ``remote_write:`` with the one entry pointing at the relay
     skipped: tuple[str, ...]  # notes about entries left out (one already pointing at the relay)
+    credentials: tuple[str, ...] = ()  # paths of the secrets copied in clear into relay_config
 
 
 def import_prometheus(
     path: str | Path, relay_url: str = RELAY_WRITE_URL, storage: str = "/var/lib/gpu-relay"
 ) -> Imported:
     filename = str(path)
+    listen = _listen_of(relay_url)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -61,21 +67,26 @@ def import_prometheus(
     entries = doc.get("remote_write") or []
     if not isinstance(entries, list):
         raise ImportError_(f"{filename}: remote_write: expected a list")
+    originals: list[dict[str, Any]] = []
     kept: list[dict[str, Any]] = []
     skipped: list[str] = []
+    credentials: list[str] = []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or "url" not in entry:
             raise ImportError_(f"{filename}: remote_write[{i}]: expected a mapping with a url")
         if str(entry["url"]).rstrip("/") == relay_url.rstrip("/"):
             skipped.append(f"remote_write[{i}] already writes to the relay ({entry['url']}): left out")
             continue
+        originals.append(entry)
         kept.append(_relay_entry(entry))
+        credentials.extend(f"remote_write[{i}].{p}" for p in _secrets(entry))
+    _unique_names(originals, kept)
     _name_amp_entries(kept)
     if not kept:
         raise ImportError_(f"{filename}: no remote_write entry to import")
     glob = doc.get("global") or {}
     external = glob.get("external_labels") if isinstance(glob, dict) else None
-    relay: dict[str, Any] = {"server": {"listen": _listen_of(relay_url)}}
+    relay: dict[str, Any] = {"server": {"listen": listen}}
     if isinstance(external, dict) and external:
         relay["external_labels"] = {str(k): _Quoted(_external_value(str(v))) for k, v in external.items()}
     relay["storage"] = {"path": _escape(storage)}
@@ -85,7 +96,39 @@ def import_prometheus(
         "# Check it with: gpu-relay check-config <this file>; add prune_labels, aggregate, limits or dry_run\n"
         "# in a destinations: entry (see docs/relay-config.md).\n"
     )
-    return Imported(header + _dump(relay), _prometheus_entry(entries, kept, relay_url), tuple(skipped))
+    return Imported(
+        header + _dump(relay), _prometheus_entry(entries, originals, relay_url), tuple(skipped), tuple(credentials)
+    )
+
+
+# (section or "", key) of the secrets of a remote_write entry (Prometheus's <secret> fields)
+SECRETS = (("sigv4", "secret_key"), ("basic_auth", "password"), ("authorization", "credentials"),
+           ("", "bearer_token"), ("oauth2", "client_secret"))  # fmt: skip
+
+
+def _secrets(entry: dict[str, Any]) -> list[str]:
+    """The paths of the non-empty secrets in an entry, as they are copied into the relay config."""
+    found = []
+    for section, key in SECRETS:
+        holder = entry.get(section) if section else entry
+        if isinstance(holder, dict) and holder.get(key) not in (None, ""):
+            found.append(f"{section}.{key}" if section else key)
+    return found
+
+
+def _unique_names(originals: list[dict[str, Any]], kept: list[dict[str, Any]]) -> None:
+    """A name made of one the relay cannot use never takes a name an entry gives itself (-2, -3...)."""
+    given = {e.get("name") for e in originals}
+    taken: set[Any] = set()
+    for original, entry in zip(originals, kept, strict=True):
+        name = entry.get("name")
+        if name != original.get("name"):  # made from an unusable name
+            base, n = name, 1
+            while name in given or name in taken:
+                n += 1
+                name = f"{base}-{n}"
+            entry["name"] = name
+        taken.add(name)
 
 
 def _relay_entry(entry: dict[str, Any]) -> dict[str, Any]:
@@ -106,9 +149,11 @@ def _name_amp_entries(entries: list[dict[str, Any]]) -> None:
             taken.add(name)
 
 
-def _prometheus_entry(originals: list[Any], kept: list[dict[str, Any]], relay_url: str) -> str:
+def _prometheus_entry(originals: list[Any], imported: list[dict[str, Any]], relay_url: str) -> str:
+    """The entry pointing at the relay: the union of the imported entries' leading keep rules (when
+    each has one), and the exemplar / native histogram flags of any entry, the relay's own included."""
     entry: dict[str, Any] = {"url": relay_url, "name": ENTRY_NAME}
-    regexes = [_leading_keep(e) for e in originals if isinstance(e, dict) and e.get("url") != relay_url]
+    regexes = [_leading_keep(e) for e in imported]
     if regexes and all(r is not None for r in regexes):
         union = "|".join(f"(?:{r})" for r in dict.fromkeys(r for r in regexes if r is not None))
         entry["write_relabel_configs"] = [{"source_labels": ["__name__"], "regex": union, "action": "keep"}]
@@ -133,8 +178,18 @@ def _leading_keep(entry: dict[str, Any]) -> str | None:
 
 
 def _listen_of(url: str) -> str:
-    m = re.match(r"https?://([^/]+)", url)
-    return m.group(1) if m else "127.0.0.1:9201"
+    """The relay's ``server.listen`` for ``--relay-url``; a URL it could not serve is refused."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or 80
+    except ValueError as e:
+        raise ImportError_(f"--relay-url {url}: invalid URL: {e}") from e
+    if parts.scheme != "http" or not parts.hostname:
+        raise ImportError_(f"--relay-url {url}: the relay serves plain http (http://HOST:PORT/api/v1/write)")
+    if parts.path != "/api/v1/write":
+        raise ImportError_(f'--relay-url {url}: the relay receives on the path "/api/v1/write"')
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{host}:{port}"
 
 
 def _escape(text: str) -> str:

@@ -8,7 +8,7 @@ The keys and their meaning are Prometheus's (config/config.go ``RemoteWriteConfi
   SHA-256 (Prometheus hashes the whole entry; this one stays put while the entry is edited, and so
   does the queue on disk that is named after it);
 - ``remote_timeout``: ``queue.timeout``;
-- ``sigv4``: ``sigv4`` (``region`` defaults to the AMP URL's region);
+- ``sigv4``: ``sigv4`` (``region`` defaults to the AMP URL's region; ``service_name`` is ``service``);
 - ``queue_config``: ``max_shards``, ``max_samples_per_send``, ``batch_send_deadline``,
   ``min_backoff``, ``max_backoff``; ``sample_age_limit`` is ``max_sample_age``;
 - ``metadata_config.send``: ``send_metadata``;
@@ -34,8 +34,9 @@ from relay.yamlnodes import Reader
 
 HONOURED = ("url", "name", "remote_timeout", "headers", "write_relabel_configs", "sigv4", "queue_config",
             "metadata_config", "basic_auth", "authorization", "bearer_token")  # fmt: skip
-BASIC_AUTH_KEYS = ("username", "password", "username_file", "password_file")
-AUTHORIZATION_KEYS = ("type", "credentials", "credentials_file")
+BASIC_AUTH_KEYS = ("username", "password", "username_file", "password_file", "username_ref", "password_ref")
+AUTHORIZATION_KEYS = ("type", "credentials", "credentials_file", "credentials_ref")
+_INDIRECT = ("username_file", "password_file", "credentials_file", "username_ref", "password_ref", "credentials_ref")
 _NOT_SUPPORTED = "not supported by the relay"
 _AUTH = "the relay signs with sigv4 or sends headers only: requests go out without this authentication"
 _FORWARDS = "the relay forwards what Prometheus sends it: set this on the Prometheus entry that points at the relay"
@@ -57,6 +58,7 @@ NOT_HONOURED: dict[str, tuple[str, object]] = {
     "follow_redirects": ("the relay does not follow redirects", False),
     "enable_http2": ("the relay speaks HTTP/1.1", False),
     "http_headers": ("use headers", None),
+    "failed_request_logging": ("the relay logs a failing destination at WARNING, at most once a minute", False),
 }
 QUEUE_HONOURED = {  # Prometheus name -> the relay's
     "max_shards": "max_shards",
@@ -75,7 +77,8 @@ METADATA_NOT_HONOURED: dict[str, tuple[str, object]] = {
     "send_interval": ("the relay forwards metadata when Prometheus sends it", None),
     "max_samples_per_send": ("the relay sends metadata with the samples' batches", None),
 }
-SIGV4_KEYS = ("region", "access_key", "secret_key", "profile", "role_arn", "service", "use_fips_sts_endpoint")
+SIGV4_KEYS = ("region", "access_key", "secret_key", "profile", "role_arn", "external_id", "use_fips_sts_endpoint",
+              "service_name")  # fmt: skip
 SIGV4_NOT_HONOURED: dict[str, tuple[str, object]] = {
     "use_fips_sts_endpoint": ("the relay uses the regional STS endpoint", False),
 }
@@ -106,8 +109,10 @@ def parse_remote_write(r: Reader, node: Node, path: str, probe: parts.Probe | No
     if (sm := r.mapping(sigv4_node, f"{path}.sigv4", SIGV4_KEYS)) is not None:
         _warn_not_honoured(r, sm, f"{path}.sigv4", SIGV4_NOT_HONOURED)
     region = parts.amp_region(url or "")
-    sigv4 = parts.sigv4(r, sigv4_node, f"{path}.sigv4", SIGV4_KEYS, region_default=region)
+    sigv4 = parts.sigv4(r, sigv4_node, f"{path}.sigv4", SIGV4_KEYS, region_default=region, service_key="service_name")
     parts.check_sigv4(r, url or "", sigv4, sigv4_node, f"{path}.sigv4", probe)
+    if url is not None:
+        parts.check_signed(r, m["url"], f"{path}.url", url, sigv4, "sigv4: {}")
     headers = parts.headers(r, m.get("headers"), f"{path}.headers", sigv4=sigv4 is not None)
     if (auth := _authorization(r, m, path, sigv4 is not None)) is not None:
         headers = types.MappingProxyType({**headers, "Authorization": auth})
@@ -137,7 +142,7 @@ def _authorization(r: Reader, m: dict[str, Node], path: str, sigv4: bool) -> str
         return f"Bearer {token}" if token else None
     keys = BASIC_AUTH_KEYS if key == "basic_auth" else AUTHORIZATION_KEYS
     am = r.mapping(node, f"{path}.{key}", keys) or {}
-    for file_key in ("username_file", "password_file", "credentials_file"):
+    for file_key in _INDIRECT:
         if file_key in am:
             r.warn(am[file_key], f"{path}.{key}.{file_key}", "not honoured: write the value itself (with ${VAR})")
     if key == "basic_auth":

@@ -595,3 +595,22 @@ def test_null_relabel_rule_never_silently_drops_the_other_rules() -> None:
     with pytest.raises(ConfigError, match="empty or null relabeling rule"):
         parse_config(D + "    write_relabel_configs:\n      - {source_labels: [__name__], regex: x, action: keep}\n"
                      "      - null\n")
+
+
+@pytest.mark.parametrize(
+    ("listen", "telemetry"),
+    [(":9201", "127.0.0.1:9201"), ("127.0.0.1:9201", ":9201"), ("0.0.0.0:9201", "127.0.0.1:9201"),
+     ("[::]:9201", "[::1]:9201"), ("127.0.0.1:9201", "0.0.0.0:9201")],
+)  # fmt: skip
+def test_telemetry_listen_that_binds_the_write_port_too_is_refused(listen: str, telemetry: str) -> None:
+    with pytest.raises(ConfigError, match=r"relay.yaml:1: server.telemetry_listen: must differ from listen"):
+        parse_config(f"server: {{listen: '{listen}', telemetry_listen: '{telemetry}'}}\n" + D)
+
+
+@pytest.mark.parametrize(
+    ("listen", "telemetry"),
+    [("127.0.0.1:9201", ":9202"), ("127.0.0.1:9201", "127.0.0.2:9201"), ("127.0.0.1:9201", "[::1]:9201")],
+)
+def test_telemetry_listen_on_another_port_or_address_is_fine(listen: str, telemetry: str) -> None:
+    config = parse_config(f"server: {{listen: '{listen}', telemetry_listen: '{telemetry}'}}\n" + D)
+    assert config.server.telemetry_listen == telemetry

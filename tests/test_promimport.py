@@ -4,6 +4,7 @@ check-config, the Prometheus part spliced back into the original and checked by 
 from __future__ import annotations
 
 import base64
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -179,3 +180,77 @@ def test_unnamed_amp_entries_get_names_that_do_not_clash(tmp_path: Path) -> None
     )
     entries = yaml.safe_load(import_prometheus(path).relay_config)["remote_write"]
     assert [e.get("name") for e in entries] == ["amp-2", "amp", "amp-3", None]
+
+
+def test_names_that_collide_once_made_relay_names_stay_distinct(tmp_path: Path) -> None:
+    path = tmp_path / "prometheus.yml"
+    path.write_text(
+        "remote_write:\n  - {url: 'http://h:1/a', name: amp.eu}\n  - {url: 'http://h:1/b', name: amp-eu}\n"
+        "  - {url: 'http://h:1/c', name: amp/eu}\n"
+    )
+    imported = import_prometheus(path)
+    assert [e["name"] for e in yaml.safe_load(imported.relay_config)["remote_write"]] == ["amp-eu-2", "amp-eu",
+                                                                                           "amp-eu-3"]  # fmt: skip
+    (tmp_path / "relay.yaml").write_text(imported.relay_config)
+    assert len(load_config(tmp_path / "relay.yaml", env={}).destinations) == 3
+
+
+def test_credentials_copied_in_clear_are_named_on_stderr_never_printed_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "prometheus.yml"
+    path.write_text(
+        "remote_write:\n"
+        "  - url: https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-1/api/v1/remote_write\n"
+        "    sigv4: {region: us-east-1, access_key: AKIAEXAMPLE, secret_key: s3cr3t-key}\n"
+        "  - url: http://h:1/w\n    basic_auth: {username: u, password: pa55word}\n"
+        "  - url: http://h:2/w\n    authorization: {credentials: t0ken}\n"
+        "  - url: http://h:3/w\n    bearer_token: b3arer\n    headers: {X-Api-Key: k3y}\n"
+        "  - url: http://h:4/w\n    basic_auth: {username: u, password: '${PASSWORD}'}\n"
+    )
+    assert import_prometheus(path).credentials == (
+        "remote_write[0].sigv4.secret_key", "remote_write[1].basic_auth.password",
+        "remote_write[2].authorization.credentials", "remote_write[3].bearer_token",
+        "remote_write[4].basic_auth.password",  # Prometheus does not expand it: "${PASSWORD}" is the password
+    )  # fmt: skip
+    assert main(["import-prometheus", str(path), "-o", str(tmp_path / "relay.yaml")]) == 0
+    out, err = capsys.readouterr()
+    assert "credentials copied in clear from" in err and "remote_write[3].bearer_token" in err
+    assert not any(s in err + out for s in ("s3cr3t-key", "pa55word", "t0ken", "b3arer"))
+    assert "s3cr3t-key" in (tmp_path / "relay.yaml").read_text()  # the config needs it to work
+
+
+def test_an_entry_left_out_as_the_relay_s_own_does_not_change_the_keep_rule(tmp_path: Path) -> None:
+    path = tmp_path / "prometheus.yml"
+    path.write_text(
+        "remote_write:\n  - url: http://127.0.0.1:9201/api/v1/write/\n"
+        "  - url: http://h:1/w\n    write_relabel_configs: [{source_labels: [__name__], regex: 'DCGM_.*', "
+        "action: keep}]\n"
+    )
+    imported = import_prometheus(path)
+    assert imported.skipped and "left out" in imported.skipped[0]
+    (entry,) = yaml.safe_load(imported.prometheus_entry)["remote_write"]
+    assert entry["write_relabel_configs"] == [{"source_labels": ["__name__"], "regex": "(?:DCGM_.*)", "action": "keep"}]
+
+
+@pytest.mark.parametrize(
+    ("url", "listen"),
+    [("http://localhost/api/v1/write", "localhost:80"), ("http://[::1]:9301/api/v1/write", "[::1]:9301")],
+)
+def test_relay_url_gives_the_relay_s_listen_address(url: str, listen: str) -> None:
+    imported = import_prometheus(PROM / "seed.yml", relay_url=url)
+    assert yaml.safe_load(imported.relay_config)["server"]["listen"] == listen
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("https://127.0.0.1:9201/api/v1/write", "the relay serves plain http"),
+        ("http://127.0.0.1:9201/write", 'the relay receives on the path "/api/v1/write"'),
+        ("127.0.0.1:9201", "the relay serves plain http"),
+        ("http://127.0.0.1:x/api/v1/write", "invalid"),
+    ],
+)
+def test_a_relay_url_the_relay_cannot_serve_is_refused(url: str, message: str) -> None:
+    with pytest.raises(ImportError_, match=f"--relay-url {re.escape(url)}: .*{re.escape(message)}"):
+        import_prometheus(PROM / "seed.yml", relay_url=url)
