@@ -179,7 +179,10 @@ def scenario_fuzz(work: Path, bodies: int, threads: int = 4) -> Outcome:
     fuzz_s = time.monotonic() - t0
     slow = _slow_bodies(relay)
     drain(relay, 60)
-    failed = relay.metric("gpu_relay_samples_failed_total")
+    # too_old: a mutated timestamp can make a sample older than max_sample_age: dropped and counted,
+    # not refused by the receiver
+    failed_by = relay.by_label("gpu_relay_samples_failed_total", "reason")
+    failed = sum(v for k, v in failed_by.items() if k != "too_old")
     alive = relay.alive()
     relay.stop()
     vm.stop()
@@ -194,6 +197,7 @@ def scenario_fuzz(work: Path, bodies: int, threads: int = 4) -> Outcome:
         ("hangs (no answer in 15 s)", str(hangs)),
         ("acked but not parseable by protobuf", str(len(acked_unparsable))),
         ("samples the receiver refused", f"{failed:,.0f}"),
+        ("failed by reason", ", ".join(f"{k}: {v:,.0f}" for k, v in failed_by.items()) or "none"),
         ("slow bodies", ", ".join(slow)),
         ("RSS before / peak MB", f"{rss0:.1f} / {rss_peak:.1f}"),
         ("internal errors / tracebacks in log", f"{log.count('internal error')} / {log.count('Traceback')}"),

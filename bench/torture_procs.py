@@ -206,6 +206,21 @@ class Relay:
                 total += float(m.group(3))
         return total
 
+    def by_label(self, name: str, label: str) -> dict[str, float]:
+        """A self-metric's samples summed per value of ``label``."""
+        status, body = _get(self.base + "/metrics", 5)
+        out: dict[str, float] = {}
+        if status != 200:
+            return out
+        for line in body.decode().splitlines():
+            m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)", line)
+            if m is None or m.group(1) != name:
+                continue
+            have = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+            key = have.get(label, "")
+            out[key] = out.get(key, 0.0) + float(m.group(3))
+        return {k: v for k, v in out.items() if v}
+
     def counted_losses(self) -> dict[str, float]:
         """What the relay itself says it lost, by reason: queue overflow, samples past
         max_sample_age, batches a destination refused (every failure is a loss here)."""
