@@ -5,33 +5,36 @@ Why SQLite and not append-only segments
     of one incoming request commit together or not at all), crash recovery that is decades old and
     fuzzed, random deletes for ack and for dropping the oldest entries, and a file we can inspect
     with the ``sqlite3`` shell. Segments would need our own framing, checksums, a torn-write
-    recovery path and a per-shard read offset index: more code to get wrong for a queue that only
-    has to keep up with one Prometheus's remote-write rate (see the report for measured figures).
+    recovery path and a per-shard read offset index.
 
 Durability: ``synchronous=FULL`` (default) vs ``NORMAL``
-    In WAL mode NORMAL already survives ``kill -9`` (a committed transaction sits in the WAL in
-    the OS page cache), but a kernel panic or power cut may lose the last commits. FULL fsyncs the
-    WAL on every commit, so an acknowledged request survives a node crash too. A 2xx tells
-    Prometheus it may forget the data, so FULL is the default; ``durability="normal"`` is there
-    for disks where fsync is too slow and node crashes are an accepted risk.
+    FULL fsyncs the WAL on every commit, so an acknowledged request survives a node crash too.
+    ``durability="normal"`` survives ``kill -9`` but may lose the last commits on a power cut.
 
 Group commit
-    The fsync is the cost, not the insert. Concurrent ``put`` calls join a pending list; whichever
-    caller finds no commit in progress becomes the leader, writes every pending request in one
-    transaction, commits (one fsync) and wakes the others. Under N concurrent writers that is about
-    one fsync per round instead of N.
+    Concurrent ``put`` calls join a pending list; whichever caller finds no commit in progress
+    becomes the leader, writes every pending request in one transaction (one fsync) and wakes
+    the others.
 
-Bounded by max_disk
-    The bound applies to queued payload bytes plus a fixed per-entry overhead. A put that would
-    exceed it deletes the OLDEST entries (any shard) inside the same transaction and returns their
-    samples so the caller can count them as dropped (reason ``queue_full``). Acked and dropped rows
-    are deleted; ``auto_vacuum=INCREMENTAL`` gives free pages back to the file system so the file
-    tracks the queue instead of its high-water mark. Ids come from AUTOINCREMENT, so an id is never
-    reused: a late ``ack`` of a row that was already dropped can never delete a newer row.
+Bounded by max_disk (see relay.queue_files for the disk plan)
+    Payload plus ENTRY_OVERHEAD_BYTES per entry stays under max_disk, and from 4 MiB on the pages
+    of the files too. A put that does not fit deletes the OLDEST entries (any shard) in the same
+    transaction and returns their samples (reason ``queue_full``); it never deletes what is being
+    stored, nor an entry a sender holds (peeked, not yet acked), so the count is exactly what was
+    lost. Pieces that alone exceed the bound raise RequestTooLargeError (the service answers 413).
+
+Faults
+    A write that cannot be made durable raises StorageError (the real SQLite error, never one from
+    a failing ROLLBACK). An ack that cannot be written is kept in memory: those entries are never
+    handed out again, and the delete is retried on the next put or ack. Ids come from
+    AUTOINCREMENT, so an id is never reused: a late ack can never delete a newer row. A damaged
+    file is set aside at open (relay.queue_files) and reported once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sqlite3
 import threading
 import time
@@ -40,8 +43,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-ENTRY_OVERHEAD_BYTES = 64  # row header, index entry and page slack per entry, for the max_disk bound
-_VACUUM_FREE_PAGES = 1024  # give pages back once this many are free (4 MiB with 4 KiB pages)
+from relay import queue_files as qf
+from relay.queue_files import DiskPlan, OpenReport
+
+log = logging.getLogger(__name__)
+
+Piece = tuple[int, bytes, int, int]  # (shard, RW1 WriteRequest bytes, samples, oldest sample ts ms or 0)
+
+ENTRY_OVERHEAD_BYTES = 64  # row header, index entry and page slack per entry, for the payload bound
+_MARK_EVERY_S = 1.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -49,18 +59,31 @@ CREATE TABLE IF NOT EXISTS entries (
     shard INTEGER NOT NULL,
     samples INTEGER NOT NULL,
     enqueued_at REAL NOT NULL,
-    payload BLOB NOT NULL
+    payload BLOB NOT NULL,
+    oldest_ts INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS entries_shard ON entries (shard, id);
 """
 
 
 class QueueError(ValueError):
-    """A bad argument to the queue; carries the offending value."""
+    """A queue problem; carries the offending value."""
 
     def __init__(self, message: str, value: object) -> None:
         super().__init__(f"{message}: {value!r}")
         self.value = value
+
+
+class RequestTooLargeError(QueueError):
+    """The pieces of one put alone exceed max_disk: the service answers 413."""
+
+
+class StorageError(QueueError):
+    """The write could not be made durable (disk full, I/O error): the service answers 503."""
+
+
+class QueueOpenError(QueueError):
+    """The queue file cannot be opened at all; the message names the destination and what to do."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,16 +93,36 @@ class Entry:
     payload: bytes
     samples: int
     enqueued_at: float
+    oldest_ts_ms: int = 0
+
+    @property
+    def oldest_time(self) -> float:
+        """Unix time of the entry's oldest sample (its enqueue time when it has none)."""
+        return self.oldest_ts_ms / 1000.0 if self.oldest_ts_ms > 0 else self.enqueued_at
 
 
 class _Pending:
     __slots__ = ("done", "dropped", "error", "pieces")
 
-    def __init__(self, pieces: Sequence[tuple[int, bytes, int]]) -> None:
+    def __init__(self, pieces: list[Piece]) -> None:
         self.pieces = pieces
         self.done = False
         self.dropped = 0
         self.error: BaseException | None = None
+
+
+def _check_pieces(pieces: Sequence[Sequence[object]]) -> list[Piece]:
+    out: list[Piece] = []
+    for p in pieces:
+        shard, payload, samples = p[0], p[1], p[2]
+        oldest = p[3] if len(p) > 3 else 0
+        if (not isinstance(shard, int) or not isinstance(samples, int) or not isinstance(oldest, int)
+                or shard < 0 or samples < 0 or oldest < 0
+                or not isinstance(payload, bytes | bytearray | memoryview)):
+            raise QueueError("bad queue piece (shard, payload, samples, oldest_ts_ms)",
+                             (shard, type(payload), samples, oldest))
+        out.append((shard, bytes(payload), samples, oldest))
+    return out
 
 
 class DurableQueue:
@@ -92,18 +135,21 @@ class DurableQueue:
         clock: Callable[[], float] = time.time,
         *,
         durability: Literal["full", "normal"] = "full",
+        name: str | None = None,
+        on_damaged: Callable[[OpenReport], None] | None = None,
+        connection_factory: type[sqlite3.Connection] = sqlite3.Connection,
     ) -> None:
         if max_disk_bytes <= 0:
             raise QueueError("max_disk_bytes must be positive", max_disk_bytes)
         if durability not in ("full", "normal"):
             raise QueueError("durability must be 'full' or 'normal'", durability)
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.name = name or self.path.name.split(".")[0]
         self.max_disk_bytes = max_disk_bytes
+        self.plan = DiskPlan.for_max_disk(max_disk_bytes)
         self._clock = clock
         self._sync = durability.upper()
-        self._wdb = self._connect()
-        self._rdb = self._connect()
+        self._factory = connection_factory
         self._wlock = threading.Lock()  # the write connection
         self._rlock = threading.Lock()  # the read connection
         self._cond = threading.Condition()  # guards everything below
@@ -113,36 +159,126 @@ class DurableQueue:
         self._samples = 0
         self._bytes = 0
         self._entries: dict[int, int] = {}  # shard -> entries queued
+        self._shard_samples: dict[int, int] = {}  # shard -> samples queued
         self._put_seq: dict[int, int] = {}  # shard -> puts so far (1 at open when it has entries)
         self._seen_seq: dict[int, int] = {}  # shard -> _put_seq at its last peek
+        self._held: dict[int, set[int]] = {}  # consumer key -> ids handed out and not yet acked
+        self._delivered: set[int] = set()  # acked ids whose delete could not be written yet
+        self._last_id = 0
+        self._mark_at = 0.0
+        self.report = self._open(on_damaged)
+
+    # -- opening ---------------------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0,
+                             factory=self._factory)
+        db.execute(f"PRAGMA page_size={qf.PAGE_SIZE}")  # both only take effect on a new file: set first
+        db.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(f"PRAGMA synchronous={self._sync}")
+        db.execute(f"PRAGMA journal_size_limit={self.plan.wal_bytes // 2}")
+        db.execute(f"PRAGMA wal_autocheckpoint={max(16, self.plan.wal_bytes // 2 // qf.PAGE_SIZE)}")
+        return db
+
+    def _open(self, on_damaged: Callable[[OpenReport], None] | None) -> OpenReport:
+        report = OpenReport()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            existed = self.path.exists() and self.path.stat().st_size > 0
+            mark = qf.read_mark(self.path)
+            try:
+                self._open_connections(check=existed)
+            except sqlite3.DatabaseError as e:
+                if not qf.is_corruption(e):
+                    raise
+                self._recover(report, f"{type(e).__name__}: {e}")
+            self._load(report)
+        except (OSError, sqlite3.Error) as e:
+            raise QueueOpenError(
+                f"destination {self.name!r}: cannot open its queue file {self.path} ({e}); make sure "
+                "storage.path is a writable directory with free space", str(self.path)) from None
+        if mark is not None and self._last_id < mark:
+            report.problems.append(f"entries {self._last_id + 1}..{mark} recorded by the last run are "
+                                   "missing (its WAL was lost, or the file was replaced or emptied)")
+            report.lost_entries = (report.lost_entries or 0) + mark - self._last_id
+            self._last_id = mark
+        self._log_open(report)
+        if (report.damaged or report.problems) and on_damaged is not None:
+            on_damaged(report)
+        return report
+
+    def _open_connections(self, check: bool) -> None:
+        self._wdb = self._connect()
+        try:
+            self._wdb.executescript(_SCHEMA)
+            cols = {r[1] for r in self._wdb.execute("PRAGMA table_info(entries)")}
+            if "oldest_ts" not in cols:  # a file from before oldest_ts existed
+                self._wdb.execute("ALTER TABLE entries ADD COLUMN oldest_ts INTEGER NOT NULL DEFAULT 0")
+            if check:
+                (res,) = self._wdb.execute("PRAGMA quick_check(1)").fetchone()
+                if res != "ok":
+                    raise qf.DamagedError(f"quick_check: {res}")
+            self._rdb = self._connect()
+        except BaseException:
+            self._wdb.close()
+            raise
+
+    def _recover(self, report: OpenReport, why: str) -> None:
+        moved = qf.move_aside(self.path, self._clock())
+        rows = qf.salvage(moved, self.max_disk_bytes)
+        report.damaged, report.moved_to = why, moved
+        report.salvaged_entries, report.salvaged_samples = len(rows), sum(r[2] for r in rows)
+        self._open_connections(check=False)
+        db = self._wdb
+        db.execute("BEGIN IMMEDIATE")
+        db.executemany("INSERT INTO entries (id, shard, samples, enqueued_at, oldest_ts, payload) "
+                       "VALUES (?, ?, ?, ?, ?, ?)", rows)
+        db.execute("COMMIT")
+
+    def _load(self, report: OpenReport) -> None:
         for shard, count, samples, nbytes in self._rdb.execute(
             "SELECT shard, COUNT(*), SUM(samples), SUM(LENGTH(payload)) FROM entries GROUP BY shard"
         ):
             self._entries[shard] = count
+            self._shard_samples[shard] = samples
             self._put_seq[shard] = 1
             self._samples += samples
             self._bytes += nbytes
+        row = self._rdb.execute("SELECT seq FROM sqlite_sequence WHERE name = 'entries'").fetchone()
+        self._last_id = int(row[0]) if row else 0
+        report.entries, report.samples = sum(self._entries.values()), self._samples
+        oldest = self._rdb.execute("SELECT enqueued_at FROM entries ORDER BY id LIMIT 1").fetchone()
+        report.oldest_age_s = None if oldest is None else max(0.0, self._clock() - float(oldest[0]))
 
-    def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
-        db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # only takes effect on a new file: set first
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute(f"PRAGMA synchronous={self._sync}")
-        db.execute("PRAGMA journal_size_limit=67108864")
-        db.executescript(_SCHEMA)
-        return db
+    def _log_open(self, r: OpenReport) -> None:
+        fields = {"destination": self.name, "entries": r.entries, "samples": r.samples,
+                  "oldest_age_s": None if r.oldest_age_s is None else round(r.oldest_age_s, 1)}
+        if r.damaged or r.problems:
+            what = []
+            if r.damaged:
+                what.append(f"file damaged ({r.damaged}), moved to {r.moved_to}; salvaged "
+                            f"{r.salvaged_entries} entries ({r.salvaged_samples} samples), the rest is lost")
+            what.extend(r.problems)
+            log.error("queue %s: %s", self.name, "; ".join(what),
+                      extra={**fields, "reason": "queue_damaged", "lost_entries": r.lost_entries})
+        else:
+            log.info("queue %s: recovered %d entries, %d samples, oldest %s", self.name, r.entries,
+                     r.samples, "-" if r.oldest_age_s is None else f"{r.oldest_age_s:.0f}s old", extra=fields)
 
     # -- writing ---------------------------------------------------------------------------------
-    def put(self, pieces: Sequence[tuple[int, bytes, int]]) -> int:
-        """Store all pieces (shard, payload, samples) in one transaction; durable on return.
-
-        Returns the samples of the oldest entries deleted to stay under max_disk (0 normally)."""
-        for shard, payload, samples in pieces:
-            if shard < 0 or samples < 0 or not isinstance(payload, bytes | bytearray | memoryview):
-                raise QueueError("bad queue piece (shard, payload, samples)", (shard, type(payload), samples))
-        if not pieces:
+    def put(self, pieces: Sequence[Sequence[object]]) -> int:
+        """Store all pieces (shard, payload, samples, oldest_ts_ms) in one transaction; durable on
+        return. Returns the samples of the oldest entries deleted to make room (0 normally)."""
+        checked = _check_pieces(pieces)
+        if not checked:
             return 0
-        me = _Pending(pieces)
+        cost = sum(len(p[1]) + ENTRY_OVERHEAD_BYTES for p in checked)
+        limit = self.max_disk_bytes if self.plan.db_pages is None else min(
+            self.max_disk_bytes, self.plan.db_pages * qf.PAGE_SIZE)
+        if cost > limit:
+            raise RequestTooLargeError(f"queue {self.name}: request needs more than max_disk "
+                                       f"({limit} bytes) on its own", cost)
+        me = _Pending(checked)
         with self._cond:
             if self._closed:
                 raise QueueError("queue is closed", str(self.path))
@@ -156,9 +292,10 @@ class DurableQueue:
         try:
             self._commit(batch)
         except BaseException as e:
+            err = e if isinstance(e, QueueError) else StorageError(
+                f"queue {self.name}: cannot store the request ({type(e).__name__}: {e})", str(self.path))
             for p in batch:
-                p.error = e
-            raise
+                p.error = err
         finally:
             with self._cond:
                 self._committing = False
@@ -176,143 +313,225 @@ class DurableQueue:
     def _commit(self, batch: list[_Pending]) -> None:
         """One transaction (one fsync) for every pending put; the leader runs this."""
         now = self._clock()
-        added: dict[int, int] = {}
-        removed: dict[int, int] = {}
+        added: dict[int, list[int]] = {}  # shard -> [entries, samples]
+        removed: dict[int, list[int]] = {}
+        freed_delivered: set[int] = set()
         d_samples = d_bytes = 0
         with self._wlock:
             db = self._wdb
-            db.execute("BEGIN IMMEDIATE")
+            self._flush_delivered(db)
+            with self._cond:
+                protected = set().union(*self._held.values()) if self._held else set()
+                delivered = set(self._delivered)
             try:
+                db.execute("BEGIN IMMEDIATE")
+                first_id: int | None = None
+                last_id = 0
                 for p in batch:
-                    for shard, payload, samples in p.pieces:
-                        db.execute(
-                            "INSERT INTO entries (shard, samples, enqueued_at, payload) VALUES (?, ?, ?, ?)",
-                            (shard, samples, now, bytes(payload)),
-                        )
-                        added[shard] = added.get(shard, 0) + 1
+                    for shard, payload, samples, oldest in p.pieces:
+                        cur = db.execute(
+                            "INSERT INTO entries (shard, samples, enqueued_at, oldest_ts, payload) "
+                            "VALUES (?, ?, ?, ?, ?)", (shard, samples, now, oldest, payload))
+                        first_id = first_id if first_id is not None else cur.lastrowid
+                        last_id = cur.lastrowid or 0
+                        a = added.setdefault(shard, [0, 0])
+                        a[0] += 1
+                        a[1] += samples
                         d_samples += samples
                         d_bytes += len(payload)
-                    rs, rb = self._trim(db, d_samples, d_bytes, removed, added)
+                    rs, rb = self._trim(db, d_bytes, added, removed, first_id or 0, protected, delivered,
+                                        freed_delivered)
                     p.dropped = rs
-                    d_samples -= rs
                     d_bytes -= rb
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                with contextlib.suppress(sqlite3.Error):  # never mask the real error
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
                 raise
+            d_samples -= sum(r[1] for r in removed.values())
             with self._cond:
                 self._samples += d_samples
                 self._bytes += d_bytes
-                for shard, n in added.items():
-                    self._entries[shard] = self._entries.get(shard, 0) + n - removed.pop(shard, 0)
+                self._delivered -= freed_delivered
+                for shard, (n, s) in added.items():
+                    self._entries[shard] = self._entries.get(shard, 0) + n
+                    self._shard_samples[shard] = self._shard_samples.get(shard, 0) + s
                     self._put_seq[shard] = self._put_seq.get(shard, 0) + 1
-                for shard, n in removed.items():
-                    self._entries[shard] = self._entries.get(shard, 0) - n
-                self._forget_empty()
+                self._apply_removed(removed)
+                self._last_id = max(self._last_id, last_id)
                 self._cond.notify_all()
-            self._maybe_vacuum(db)
+            self._maintain(db)
 
-    def _trim(
-        self,
-        db: sqlite3.Connection,
-        d_samples: int,
-        d_bytes: int,
-        removed: dict[int, int],
-        added: dict[int, int],
-    ) -> tuple[int, int]:
-        """Delete oldest entries until the queue fits max_disk. Returns (samples, bytes) freed."""
-        with self._cond:
-            entries = sum(self._entries.values()) + sum(added.values()) - sum(removed.values())
-            used = self._bytes + d_bytes + ENTRY_OVERHEAD_BYTES * entries
-        excess = used - self.max_disk_bytes
+    def _trim(self, db: sqlite3.Connection, d_bytes: int, added: dict[int, list[int]],
+              removed: dict[int, list[int]], first_own: int, protected: set[int], delivered: set[int],
+              freed_delivered: set[int]) -> tuple[int, int]:
+        """Delete the oldest entries until the queue fits; never rows of this commit (id >= first_own)
+        nor rows a consumer holds. Returns (samples, bytes) freed, delivered rows not counted."""
         freed_samples = freed_bytes = 0
-        while excess > 0:
-            rows = db.execute(
-                "SELECT id, shard, samples, LENGTH(payload) FROM entries ORDER BY id LIMIT 256"
-            ).fetchall()
-            if not rows:
+        after = 0
+        while True:
+            with self._cond:
+                entries = sum(self._entries.values()) + sum(a[0] for a in added.values()) - sum(
+                    r[0] for r in removed.values())
+                used = self._bytes + d_bytes - freed_bytes + ENTRY_OVERHEAD_BYTES * entries
+            excess = used - self.max_disk_bytes
+            if self.plan.db_pages is not None:
+                (pages,) = db.execute("PRAGMA page_count").fetchone()
+                (free,) = db.execute("PRAGMA freelist_count").fetchone()
+                excess = max(excess, (pages - free - self.plan.db_pages) * qf.PAGE_SIZE)
+            if excess <= 0:
                 break
+            rows = db.execute("SELECT id, shard, samples, LENGTH(payload) FROM entries WHERE id > ? AND id < ? "
+                              "ORDER BY id LIMIT 256", (after, first_own)).fetchall()
+            if not rows:
+                break  # only held or new rows left: they leave soon (acked) or are what we store
             cut = []
             for rid, shard, samples, nbytes in rows:
+                after = rid
+                if rid in protected:
+                    continue
                 cut.append(rid)
-                removed[shard] = removed.get(shard, 0) + 1
-                freed_samples += samples
+                r = removed.setdefault(shard, [0, 0])
+                r[0] += 1
+                r[1] += samples
                 freed_bytes += nbytes
+                if rid in delivered:  # already sent: leaves the depth, but was not lost
+                    freed_delivered.add(rid)
+                else:
+                    freed_samples += samples
                 excess -= nbytes + ENTRY_OVERHEAD_BYTES
                 if excess <= 0:
                     break
-            db.execute(f"DELETE FROM entries WHERE id IN ({','.join('?' * len(cut))})", cut)
+            if cut:
+                db.execute(f"DELETE FROM entries WHERE id IN ({','.join('?' * len(cut))})", cut)
         return freed_samples, freed_bytes
 
     def ack(self, ids: Sequence[int]) -> None:
-        """Delete entries (sent, or dropped by the sender). Unknown ids are ignored."""
-        if not ids:
-            return
-        removed: dict[int, int] = {}
-        d_samples = d_bytes = 0
+        """Delete entries (sent, or dropped by the sender). Unknown ids are ignored. Never raises for
+        a storage failure: the ids are kept and the delete retried; they are not handed out again."""
+        with self._cond:
+            if self._closed:
+                return
+            self._delivered.update(ids)
+            for held in self._held.values():
+                held.difference_update(ids)
         with self._wlock:
             if self._closed:
                 return
-            db = self._wdb
+            self._flush_delivered(self._wdb)
+            self._maintain(self._wdb)
+
+    def _flush_delivered(self, db: sqlite3.Connection) -> None:
+        with self._cond:
+            ids = list(self._delivered)
+        if not ids:
+            return
+        removed: dict[int, list[int]] = {}
+        d_bytes = 0
+        try:
             db.execute("PRAGMA synchronous=NORMAL")  # losing an ack on a crash only resends
-            try:
-                db.execute("BEGIN IMMEDIATE")
-                for i in range(0, len(ids), 500):
-                    chunk = list(ids[i : i + 500])
-                    for shard, samples, nbytes in db.execute(
-                        f"DELETE FROM entries WHERE id IN ({','.join('?' * len(chunk))}) "
-                        "RETURNING shard, samples, LENGTH(payload)",
-                        chunk,
-                    ).fetchall():
-                        removed[shard] = removed.get(shard, 0) + 1
-                        d_samples += samples
-                        d_bytes += nbytes
-                db.execute("COMMIT")
-            except BaseException:
+            db.execute("BEGIN IMMEDIATE")
+            for i in range(0, len(ids), 500):
+                chunk = ids[i : i + 500]
+                for shard, samples, nbytes in db.execute(
+                    f"DELETE FROM entries WHERE id IN ({','.join('?' * len(chunk))}) "
+                    "RETURNING shard, samples, LENGTH(payload)", chunk).fetchall():
+                    r = removed.setdefault(shard, [0, 0])
+                    r[0] += 1
+                    r[1] += samples
+                    d_bytes += nbytes
+            db.execute("COMMIT")
+        except sqlite3.Error as e:
+            with contextlib.suppress(sqlite3.Error):
                 if db.in_transaction:
                     db.execute("ROLLBACK")
-                raise
-            finally:
+            log.debug("queue %s: ack of %d entries not written yet (%s); will retry", self.name, len(ids), e)
+            return
+        finally:
+            with contextlib.suppress(sqlite3.Error):
                 db.execute(f"PRAGMA synchronous={self._sync}")
-            with self._cond:
-                self._samples -= d_samples
-                self._bytes -= d_bytes
-                for shard, n in removed.items():
-                    self._entries[shard] = self._entries.get(shard, 0) - n
-                self._forget_empty()
-            self._maybe_vacuum(db)
+        with self._cond:
+            self._delivered.difference_update(ids)
+            self._samples -= sum(r[1] for r in removed.values())
+            self._bytes -= d_bytes
+            self._apply_removed(removed)
 
-    def _forget_empty(self) -> None:
-        for shard in [s for s, n in self._entries.items() if n <= 0]:
-            del self._entries[shard]
+    def _apply_removed(self, removed: dict[int, list[int]]) -> None:
+        for shard, (n, s) in removed.items():
+            self._entries[shard] = self._entries.get(shard, 0) - n
+            self._shard_samples[shard] = self._shard_samples.get(shard, 0) - s
+            if self._entries[shard] <= 0:
+                self._entries.pop(shard, None)
+                self._shard_samples.pop(shard, None)
 
-    @staticmethod
-    def _maybe_vacuum(db: sqlite3.Connection) -> None:
-        (free,) = db.execute("PRAGMA freelist_count").fetchone()
-        if free >= _VACUUM_FREE_PAGES:
-            db.executescript("PRAGMA incremental_vacuum;")  # execute() would step (free) only one page
+    def _maintain(self, db: sqlite3.Connection) -> None:
+        """After a commit: give free pages back, keep the WAL small, refresh the mark. Best effort:
+        the data is already committed, so a failure here is not the caller's."""
+        try:
+            (free,) = db.execute("PRAGMA freelist_count").fetchone()
+            if free >= self.plan.vacuum_pages:
+                db.executescript("PRAGMA incremental_vacuum;")  # execute() would free one page only
+            if Path(f"{self.path}-wal").stat().st_size > self.plan.wal_bytes // 2:
+                with self._rlock:
+                    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except (sqlite3.Error, OSError) as e:
+            log.debug("queue %s: maintenance skipped: %s", self.name, e)
+        now = time.monotonic()
+        if now - self._mark_at >= _MARK_EVERY_S:
+            self._mark_at = now
+            self._write_mark()
+
+    def _write_mark(self) -> None:
+        with self._cond:
+            last, entries, samples = self._last_id, sum(self._entries.values()), self._samples
+        qf.write_mark(self.path, last, entries, samples)
 
     # -- reading ---------------------------------------------------------------------------------
     def peek(self, shard: int, max_samples: int, max_entries: int = 1000) -> list[Entry]:
-        """Oldest entries of a shard, up to max_samples (always >= 1 entry if any are queued)."""
+        """Oldest entries of a shard, up to max_samples (always >= 1 entry if any are queued). The
+        shard's consumer holds them until acked or its next peek: queue_full never deletes them."""
+        return self._read(shard, "shard = ?", (shard,), max_samples, max_entries)
+
+    def peek_upto(self, max_id: int, max_samples: int, max_entries: int = 1000) -> list[Entry]:
+        """Oldest entries of ANY shard with id <= max_id, in id order: the barrier a change of the
+        shard count drains first, so per-series order holds across it (consumer key -1)."""
+        return self._read(-1, "id <= ?", (max_id,), max_samples, max_entries)
+
+    def _read(self, key: int, where: str, args: tuple[int, ...], max_samples: int, max_entries: int) -> list[Entry]:
         with self._cond:
             if self._closed:
                 return []
-            self._seen_seq[shard] = self._put_seq.get(shard, 0)
+            if key >= 0:
+                self._seen_seq[key] = self._put_seq.get(key, 0)
+            skip = set(self._delivered)
         out: list[Entry] = []
         total = 0
         with self._rlock:
             cur = self._rdb.execute(
-                "SELECT id, payload, samples, enqueued_at FROM entries WHERE shard = ? ORDER BY id LIMIT ?",
-                (shard, max(1, max_entries)),
-            )
-            for rid, payload, samples, enqueued_at in cur:
-                if out and total + samples > max_samples:
+                f"SELECT id, shard, payload, samples, enqueued_at, oldest_ts FROM entries WHERE {where} "
+                "ORDER BY id LIMIT ?", (*args, max(1, max_entries) + len(skip)))
+            for rid, shard, payload, samples, enqueued_at, oldest in cur:
+                if rid in skip:
+                    continue
+                if out and (total + samples > max_samples or len(out) >= max_entries):
                     break
-                out.append(Entry(rid, shard, bytes(payload), samples, enqueued_at))
+                out.append(Entry(rid, shard, bytes(payload), samples, enqueued_at, oldest))
                 total += samples
             cur.close()
+        with self._cond:
+            self._held[key] = {e.id for e in out}
         return out
+
+    def last_id(self) -> int:
+        """The newest id committed so far (the barrier for peek_upto)."""
+        with self._cond:
+            return self._last_id
+
+    def backlog(self, shard: int) -> tuple[int, int]:
+        """(entries, samples) queued for a shard, delivered-but-unwritten acks included."""
+        with self._cond:
+            return self._entries.get(shard, 0), self._shard_samples.get(shard, 0)
 
     def shards(self) -> list[int]:
         with self._cond:
@@ -323,12 +542,25 @@ class DurableQueue:
         with self._cond:
             return self._samples, self._bytes
 
+    def files_size(self) -> int:
+        """Bytes of the db, WAL and shm files: what max_disk bounds from 4 MiB on."""
+        return qf.files_size(self.path)
+
     def oldest_enqueued_at(self) -> float | None:
         with self._rlock:
             if self._closed:
                 return None
             row = self._rdb.execute("SELECT enqueued_at FROM entries ORDER BY id LIMIT 1").fetchone()
         return None if row is None else float(row[0])
+
+    def oldest_sample_time(self) -> float | None:
+        """Unix time of the oldest sample still queued (enqueue time for entries without one)."""
+        with self._rlock:
+            if self._closed:
+                return None
+            row = self._rdb.execute("SELECT MIN(CASE WHEN oldest_ts > 0 THEN oldest_ts / 1000.0 "
+                                    "ELSE enqueued_at END) FROM entries").fetchone()
+        return None if row is None or row[0] is None else float(row[0])
 
     def wait(self, shard: int, timeout: float) -> bool:
         """Block until something was put for ``shard`` since its last ``peek`` (True), or timeout or
@@ -349,8 +581,12 @@ class DurableQueue:
                 return
             while self._committing:
                 self._cond.wait()
-            self._closed = True
-            self._cond.notify_all()
+        with self._wlock:
+            self._flush_delivered(self._wdb)
+            with self._cond:
+                self._closed = True
+                self._cond.notify_all()
+            self._write_mark()
         with self._wlock, self._rlock:
             self._rdb.close()
             self._wdb.close()
