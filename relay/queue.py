@@ -175,6 +175,7 @@ class DurableQueue:
         db.execute(f"PRAGMA page_size={qf.PAGE_SIZE}")  # both only take effect on a new file: set first
         db.execute("PRAGMA auto_vacuum=INCREMENTAL")
         db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA secure_delete=FAST")  # Debian builds default to ON: an ack rewrote every freed page
         db.execute(f"PRAGMA synchronous={self._sync}")
         db.execute(f"PRAGMA journal_size_limit={self.plan.wal_bytes // 2}")
         db.execute(f"PRAGMA wal_autocheckpoint={max(16, self.plan.wal_bytes // 2 // qf.PAGE_SIZE)}")
@@ -202,6 +203,11 @@ class DurableQueue:
                                    "missing (its WAL was lost, or the file was replaced or emptied)")
             report.lost_entries = (report.lost_entries or 0) + mark - self._last_id
             self._last_id = mark
+            self._wdb.execute("INSERT OR REPLACE INTO sqlite_sequence (rowid, name, seq) VALUES "
+                              "((SELECT rowid FROM sqlite_sequence WHERE name = 'entries'), 'entries', ?)", (mark,))
+            self._write_mark()
+        self._reserve = qf.make_reserve(self.path, qf.reserve_bytes(self.plan.wal_bytes))
+        self._need_reserve = False
         self._log_open(report)
         if (report.damaged or report.problems) and on_damaged is not None:
             on_damaged(report)
@@ -278,6 +284,12 @@ class DurableQueue:
         if cost > limit:
             raise RequestTooLargeError(f"queue {self.name}: request needs more than max_disk "
                                        f"({limit} bytes) on its own", cost)
+        if self._need_reserve:  # the volume filled up: wait until acks gave space back (and then some)
+            size = qf.reserve_bytes(self.plan.wal_bytes)
+            if qf.free_bytes(self.path) < 2 * size or not qf.make_reserve(self.path, size):
+                raise StorageError(f"queue {self.name}: the volume is full; waiting for sent entries to "
+                                   "free space", str(self.path))
+            self._need_reserve, self._reserve = False, True
         me = _Pending(checked)
         with self._cond:
             if self._closed:
@@ -291,7 +303,9 @@ class DurableQueue:
             batch, self._pending = self._pending, []
         try:
             self._commit(batch)
-        except BaseException as e:
+        except Exception as e:  # disk full, I/O error, ...: one StorageError, the real cause in its text
+            if isinstance(e, sqlite3.Error | OSError):
+                self._make_room()
             err = e if isinstance(e, QueueError) else StorageError(
                 f"queue {self.name}: cannot store the request ({type(e).__name__}: {e})", str(self.path))
             for p in batch:
@@ -345,9 +359,7 @@ class DurableQueue:
                     d_bytes -= rb
                 db.execute("COMMIT")
             except BaseException:
-                with contextlib.suppress(sqlite3.Error):  # never mask the real error
-                    if db.in_transaction:
-                        db.execute("ROLLBACK")
+                self._rollback(db)  # never masks the real error
                 raise
             d_samples -= sum(r[1] for r in removed.values())
             with self._cond:
@@ -419,14 +431,31 @@ class DurableQueue:
         with self._wlock:
             if self._closed:
                 return
-            self._flush_delivered(self._wdb)
+            if not self._flush_delivered(self._wdb) and self._make_room(locked=True):
+                self._flush_delivered(self._wdb)
             self._maintain(self._wdb)
 
-    def _flush_delivered(self, db: sqlite3.Connection) -> None:
+    def _make_room(self, locked: bool = False) -> bool:
+        """After a failed write: give the reserve back to the volume and move the WAL into the db, so
+        acks can be written and free pages for the next puts. True if the reserve was released."""
+        released = qf.release_reserve(self.path)
+        if released:
+            self._reserve = False
+            self._need_reserve = True  # no put until the reserve can be made again
+            log.debug("queue %s: write failed; released the disk reserve", self.name)
+        with contextlib.ExitStack() as stack:
+            if not locked:
+                stack.enter_context(self._wlock)
+            with self._rlock, contextlib.suppress(sqlite3.Error):
+                self._wdb.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return released
+
+    def _flush_delivered(self, db: sqlite3.Connection) -> bool:
+        """Write the deletes of acked entries. True if done (or nothing to do)."""
         with self._cond:
             ids = list(self._delivered)
         if not ids:
-            return
+            return True
         removed: dict[int, list[int]] = {}
         d_bytes = 0
         try:
@@ -443,11 +472,9 @@ class DurableQueue:
                     d_bytes += nbytes
             db.execute("COMMIT")
         except sqlite3.Error as e:
-            with contextlib.suppress(sqlite3.Error):
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
+            self._rollback(db)
             log.debug("queue %s: ack of %d entries not written yet (%s); will retry", self.name, len(ids), e)
-            return
+            return False
         finally:
             with contextlib.suppress(sqlite3.Error):
                 db.execute(f"PRAGMA synchronous={self._sync}")
@@ -456,6 +483,20 @@ class DurableQueue:
             self._samples -= sum(r[1] for r in removed.values())
             self._bytes -= d_bytes
             self._apply_removed(removed)
+        return True
+
+    def _rollback(self, db: sqlite3.Connection) -> None:
+        """Roll back after a failed write, whatever state SQLite left (it may have rolled back by
+        itself); a connection stuck in a transaction is replaced. Never raises."""
+        for undo in (lambda: db.execute("ROLLBACK"), db.rollback):
+            if not db.in_transaction:
+                return
+            with contextlib.suppress(sqlite3.Error):
+                undo()
+        if db.in_transaction and db is self._wdb:
+            with contextlib.suppress(sqlite3.Error):
+                db.close()
+                self._wdb = self._connect()
 
     def _apply_removed(self, removed: dict[int, list[int]]) -> None:
         for shard, (n, s) in removed.items():
@@ -472,7 +513,7 @@ class DurableQueue:
             (free,) = db.execute("PRAGMA freelist_count").fetchone()
             if free >= self.plan.vacuum_pages:
                 db.executescript("PRAGMA incremental_vacuum;")  # execute() would free one page only
-            if Path(f"{self.path}-wal").stat().st_size > self.plan.wal_bytes // 2:
+            if Path(f"{self.path}-wal").stat().st_size > self.plan.wal_bytes * 3 // 4:
                 with self._rlock:
                     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except (sqlite3.Error, OSError) as e:

@@ -2,8 +2,8 @@
 
 Disk plan
     ``max_disk`` bounds what the volume sees: the database file, its WAL and its shared-memory
-    index together. Of ``max_disk``, a WAL allowance (1/8, 512 KiB to 64 MiB; the WAL is
-    checkpointed and truncated once it passes half of it) and the ``-shm`` file are set aside; the
+    index together. Of ``max_disk``, a WAL allowance (1/8, 512 KiB to 4 MiB; SQLite checkpoints at
+    half of it and we truncate it past 3/4) and the ``-shm`` file are set aside; the
     database may use the rest, counting pages in use plus the free pages kept until the next
     incremental vacuum. Below ``PHYSICAL_MIN_BYTES`` SQLite's own fixed pages would not fit, so
     only the payload bound applies (payload plus ENTRY_OVERHEAD_BYTES per entry).
@@ -34,7 +34,7 @@ from pathlib import Path
 PAGE_SIZE = 4096
 PHYSICAL_MIN_BYTES = 4 << 20
 SHM_BYTES = 64 << 10
-_SIDE_FILES = ("-wal", "-shm")
+_SIDE_FILES = ("-wal", "-shm", ".reserve")
 _CORRUPT_CODES = frozenset({"SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_CORRUPT_VTAB", "SQLITE_CORRUPT_SEQUENCE",
                             "SQLITE_CORRUPT_INDEX", "SQLITE_IOERR_SHORT_READ"})
 _CORRUPT_WORDS = ("malformed", "not a database", "corrupt", "quick_check")
@@ -44,21 +44,62 @@ Row = tuple[int, int, int, float, int, bytes]  # id, shard, samples, enqueued_at
 
 @dataclass(frozen=True, slots=True)
 class DiskPlan:
-    wal_bytes: int  # WAL allowance: checkpoint (TRUNCATE) once the WAL passes half of it
+    wal_bytes: int  # WAL allowance. A small WAL keeps the data in the db file, where a delete frees
+    # pages for the next put: on a full volume acks still go through and puts recover
     vacuum_pages: int  # give free pages back once this many are free
     db_pages: int | None  # pages the database may hold in use; None: payload bound only
 
     @staticmethod
     def for_max_disk(max_disk: int) -> DiskPlan:
         if max_disk < PHYSICAL_MIN_BYTES:
-            return DiskPlan(1 << 20, 1024, None)
-        wal = min(64 << 20, max(512 << 10, max_disk // 8))
+            return DiskPlan(4 << 20, 1024, None)
+        wal = min(4 << 20, max(512 << 10, max_disk // 8))
         vacuum = max(16, wal // 4 // PAGE_SIZE)
-        return DiskPlan(wal, vacuum, (max_disk - wal - SHM_BYTES) // PAGE_SIZE - vacuum)
+        return DiskPlan(wal, vacuum, (max_disk - wal - SHM_BYTES - reserve_bytes(wal)) // PAGE_SIZE - vacuum)
+
+
+def reserve_bytes(wal_bytes: int) -> int:
+    """Size of ``<name>.reserve``: released when the volume is full so that a checkpoint can move
+    the WAL into the db and deletes (acks) find room again; recreated once space is back."""
+    return wal_bytes
+
+
+def make_reserve(path: Path, size: int) -> bool:
+    target = Path(f"{path}.reserve")
+    if target.exists():
+        return True
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        finally:
+            os.close(fd)
+        return True
+    except OSError:
+        with contextlib.suppress(OSError):
+            target.unlink()
+        return False
+
+
+def free_bytes(path: Path) -> int:
+    try:
+        st = os.statvfs(path.parent)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
+def release_reserve(path: Path) -> bool:
+    """True if there was a reserve to give back."""
+    try:
+        Path(f"{path}.reserve").unlink()
+        return True
+    except OSError:
+        return False
 
 
 def files_size(path: Path) -> int:
-    """Bytes the queue's files (db, WAL, shm) take: what max_disk bounds."""
+    """Bytes the queue's files (db, WAL, shm, reserve) take: what max_disk bounds."""
     total = 0
     for p in (path, *(Path(f"{path}{s}") for s in _SIDE_FILES)):
         with contextlib.suppress(OSError):
@@ -99,6 +140,7 @@ def move_aside(path: Path, now: float) -> Path:
     while target.exists():
         n += 1
         target = path.with_name(f"{path.name}.damaged-{stamp}-{n}")
+    release_reserve(path)
     for suffix in ("", *_SIDE_FILES):
         src = Path(f"{path}{suffix}")
         if src.exists():
