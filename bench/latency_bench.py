@@ -124,7 +124,7 @@ def main() -> None:
           f"{'max batch':>9} {'p50 s':>7} {'p99 s':>7} {'max s':>7} {'goal p99':>8}")
     print(f"{r['rate']:>15.0f} {r['fill']:>7.3f} {r['samples']:>8.0f} {r['delivered']:>9.0f} "
           f"{r['requests']:>8.0f} {r['max_batch']:>9.0f} {r['p50']:>7.3f} {r['p99']:>7.3f} {r['max']:>7.3f} "
-          f"{'<= %.3f' % goal:>8} {'OK' if r['p99'] <= goal else 'MISSED'}")
+          f"{'<= ' + format(goal, '.3f'):>8} {'OK' if r['p99'] <= goal else 'MISSED'}")
 
 
 if __name__ == "__main__":

@@ -39,66 +39,29 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from relay import queue_files as qf
+from relay import queue_open as qo
 from relay.queue_files import DiskPlan, OpenReport
+from relay.queue_types import (
+    ENTRY_OVERHEAD_BYTES,
+    Entry,
+    Piece,
+    QueueError,
+    QueueOpenError,
+    RequestTooLargeError,
+    StorageError,
+    check_pieces,
+)
+
+__all__ = ["ENTRY_OVERHEAD_BYTES", "DurableQueue", "Entry", "Piece", "QueueError", "QueueOpenError",
+           "RequestTooLargeError", "StorageError"]
 
 log = logging.getLogger(__name__)
 
-Piece = tuple[int, bytes, int, int]  # (shard, RW1 WriteRequest bytes, samples, oldest sample ts ms or 0)
-
-ENTRY_OVERHEAD_BYTES = 64  # row header, index entry and page slack per entry, for the payload bound
 _MARK_EVERY_S = 1.0
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS entries (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    shard INTEGER NOT NULL,
-    samples INTEGER NOT NULL,
-    enqueued_at REAL NOT NULL,
-    payload BLOB NOT NULL,
-    oldest_ts INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS entries_shard ON entries (shard, id);
-"""
-
-
-class QueueError(ValueError):
-    """A queue problem; carries the offending value."""
-
-    def __init__(self, message: str, value: object) -> None:
-        super().__init__(f"{message}: {value!r}")
-        self.value = value
-
-
-class RequestTooLargeError(QueueError):
-    """The pieces of one put alone exceed max_disk: the service answers 413."""
-
-
-class StorageError(QueueError):
-    """The write could not be made durable (disk full, I/O error): the service answers 503."""
-
-
-class QueueOpenError(QueueError):
-    """The queue file cannot be opened at all; the message names the destination and what to do."""
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    id: int
-    shard: int
-    payload: bytes
-    samples: int
-    enqueued_at: float
-    oldest_ts_ms: int = 0
-
-    @property
-    def oldest_time(self) -> float:
-        """Unix time of the entry's oldest sample (its enqueue time when it has none)."""
-        return self.oldest_ts_ms / 1000.0 if self.oldest_ts_ms > 0 else self.enqueued_at
 
 
 class _Pending:
@@ -109,20 +72,6 @@ class _Pending:
         self.done = False
         self.dropped = 0
         self.error: BaseException | None = None
-
-
-def _check_pieces(pieces: Sequence[Sequence[object]]) -> list[Piece]:
-    out: list[Piece] = []
-    for p in pieces:
-        shard, payload, samples = p[0], p[1], p[2]
-        oldest = p[3] if len(p) > 3 else 0
-        if (not isinstance(shard, int) or not isinstance(samples, int) or not isinstance(oldest, int)
-                or shard < 0 or samples < 0 or oldest < 0
-                or not isinstance(payload, bytes | bytearray | memoryview)):
-            raise QueueError("bad queue piece (shard, payload, samples, oldest_ts_ms)",
-                             (shard, type(payload), samples, oldest))
-        out.append((shard, bytes(payload), samples, oldest))
-    return out
 
 
 class DurableQueue:
@@ -168,114 +117,40 @@ class DurableQueue:
         self._mark_at = 0.0
         self.report = self._open(on_damaged)
 
-    # -- opening ---------------------------------------------------------------------------------
+    # -- opening (relay.queue_open) ----------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0,
-                             factory=self._factory)
-        db.execute(f"PRAGMA page_size={qf.PAGE_SIZE}")  # both only take effect on a new file: set first
-        db.execute("PRAGMA auto_vacuum=INCREMENTAL")
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA secure_delete=FAST")  # Debian builds default to ON: an ack rewrote every freed page
-        db.execute(f"PRAGMA synchronous={self._sync}")
-        db.execute(f"PRAGMA journal_size_limit={self.plan.wal_bytes // 2}")
-        db.execute(f"PRAGMA wal_autocheckpoint={max(16, self.plan.wal_bytes // 2 // qf.PAGE_SIZE)}")
-        return db
+        return qo.connect(self.path, self._factory, self._sync, self.plan)
 
     def _open(self, on_damaged: Callable[[OpenReport], None] | None) -> OpenReport:
         report = OpenReport()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            existed = self.path.exists() and self.path.stat().st_size > 0
             mark = qf.read_mark(self.path)
-            try:
-                self._open_connections(check=existed)
-            except sqlite3.DatabaseError as e:
-                if not qf.is_corruption(e):
-                    raise
-                self._recover(report, f"{type(e).__name__}: {e}")
-            self._load(report)
+            self._wdb, self._rdb = qo.open_or_recover(self.path, self._connect, self._clock(),
+                                                      self.max_disk_bytes, report)
+            got = qo.load(self._rdb, self._clock(), report)
+            self._last_id = qo.check_mark(self._wdb, mark, got.last_id, report)
         except (OSError, sqlite3.Error) as e:
             raise QueueOpenError(
                 f"destination {self.name!r}: cannot open its queue file {self.path} ({e}); make sure "
                 "storage.path is a writable directory with free space", str(self.path)) from None
-        if mark is not None and self._last_id < mark:
-            report.problems.append(f"entries {self._last_id + 1}..{mark} recorded by the last run are "
-                                   "missing (its WAL was lost, or the file was replaced or emptied)")
-            report.lost_entries = (report.lost_entries or 0) + mark - self._last_id
-            self._last_id = mark
-            self._wdb.execute("INSERT OR REPLACE INTO sqlite_sequence (rowid, name, seq) VALUES "
-                              "((SELECT rowid FROM sqlite_sequence WHERE name = 'entries'), 'entries', ?)", (mark,))
+        self._entries, self._shard_samples = got.entries, got.shard_samples
+        self._samples, self._bytes = got.samples, got.nbytes
+        self._put_seq = dict.fromkeys(got.entries, 1)
+        if self._last_id != got.last_id:
             self._write_mark()
         self._reserve = qf.make_reserve(self.path, qf.reserve_bytes(self.plan.wal_bytes))
         self._need_reserve = False
-        self._log_open(report)
+        qo.log_report(self.name, report)
         if (report.damaged or report.problems) and on_damaged is not None:
             on_damaged(report)
         return report
-
-    def _open_connections(self, check: bool) -> None:
-        self._wdb = self._connect()
-        try:
-            self._wdb.executescript(_SCHEMA)
-            cols = {r[1] for r in self._wdb.execute("PRAGMA table_info(entries)")}
-            if "oldest_ts" not in cols:  # a file from before oldest_ts existed
-                self._wdb.execute("ALTER TABLE entries ADD COLUMN oldest_ts INTEGER NOT NULL DEFAULT 0")
-            if check:
-                (res,) = self._wdb.execute("PRAGMA quick_check(1)").fetchone()
-                if res != "ok":
-                    raise qf.DamagedError(f"quick_check: {res}")
-            self._rdb = self._connect()
-        except BaseException:
-            self._wdb.close()
-            raise
-
-    def _recover(self, report: OpenReport, why: str) -> None:
-        moved = qf.move_aside(self.path, self._clock())
-        rows = qf.salvage(moved, self.max_disk_bytes)
-        report.damaged, report.moved_to = why, moved
-        report.salvaged_entries, report.salvaged_samples = len(rows), sum(r[2] for r in rows)
-        self._open_connections(check=False)
-        db = self._wdb
-        db.execute("BEGIN IMMEDIATE")
-        db.executemany("INSERT INTO entries (id, shard, samples, enqueued_at, oldest_ts, payload) "
-                       "VALUES (?, ?, ?, ?, ?, ?)", rows)
-        db.execute("COMMIT")
-
-    def _load(self, report: OpenReport) -> None:
-        for shard, count, samples, nbytes in self._rdb.execute(
-            "SELECT shard, COUNT(*), SUM(samples), SUM(LENGTH(payload)) FROM entries GROUP BY shard"
-        ):
-            self._entries[shard] = count
-            self._shard_samples[shard] = samples
-            self._put_seq[shard] = 1
-            self._samples += samples
-            self._bytes += nbytes
-        row = self._rdb.execute("SELECT seq FROM sqlite_sequence WHERE name = 'entries'").fetchone()
-        self._last_id = int(row[0]) if row else 0
-        report.entries, report.samples = sum(self._entries.values()), self._samples
-        oldest = self._rdb.execute("SELECT enqueued_at FROM entries ORDER BY id LIMIT 1").fetchone()
-        report.oldest_age_s = None if oldest is None else max(0.0, self._clock() - float(oldest[0]))
-
-    def _log_open(self, r: OpenReport) -> None:
-        fields = {"destination": self.name, "entries": r.entries, "samples": r.samples,
-                  "oldest_age_s": None if r.oldest_age_s is None else round(r.oldest_age_s, 1)}
-        if r.damaged or r.problems:
-            what = []
-            if r.damaged:
-                what.append(f"file damaged ({r.damaged}), moved to {r.moved_to}; salvaged "
-                            f"{r.salvaged_entries} entries ({r.salvaged_samples} samples), the rest is lost")
-            what.extend(r.problems)
-            log.error("queue %s: %s", self.name, "; ".join(what),
-                      extra={**fields, "reason": "queue_damaged", "lost_entries": r.lost_entries})
-        else:
-            log.info("queue %s: recovered %d entries, %d samples, oldest %s", self.name, r.entries,
-                     r.samples, "-" if r.oldest_age_s is None else f"{r.oldest_age_s:.0f}s old", extra=fields)
 
     # -- writing ---------------------------------------------------------------------------------
     def put(self, pieces: Sequence[Sequence[object]]) -> int:
         """Store all pieces (shard, payload, samples, oldest_ts_ms) in one transaction; durable on
         return. Returns the samples of the oldest entries deleted to make room (0 normally)."""
-        checked = _check_pieces(pieces)
+        checked = check_pieces(pieces)
         if not checked:
             return 0
         cost = sum(len(p[1]) + ENTRY_OVERHEAD_BYTES for p in checked)

@@ -49,7 +49,7 @@ from relay.metrics import RelayMetrics
 from relay.protowire import WireError
 from relay.queue import DurableQueue, Entry
 from relay.ratelog import RateLimitedLog
-from relay.transport import Response, Transport
+from relay.transport import CREDENTIALS_PREFIX, Response, Transport
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +133,11 @@ def first_line(body: bytes, limit: int = 200) -> str:
     return ""
 
 
-def failure_reason(status: int) -> str:
-    return "network" if status == 0 else f"http_{status}"
+def failure_reason(status: int, body: bytes = b"") -> str:
+    """The reason label of a failed attempt: http_<code>, network or credentials."""
+    if status:
+        return f"http_{status}"
+    return "credentials" if body.startswith(CREDENTIALS_PREFIX) else "network"
 
 
 def backoff_delay(backoff: float, max_backoff: float, rnd: float) -> float:
@@ -386,9 +389,10 @@ class Sender:
             kind = classify(resp.status, resp.body)
             if kind == "ok":
                 return self._sent(resp, samples, attempt)
-            reason = failure_reason(resp.status)
+            reason = failure_reason(resp.status, resp.body)
             self.last_error = (self.clock(), f"HTTP {resp.status}: {first_line(resp.body)}"
-                               if resp.status else f"network error: {first_line(resp.body)}")
+                               if resp.status else
+                               f"{reason} error: {first_line(resp.body.removeprefix(CREDENTIALS_PREFIX))}")
             if resp.status == 413 and splittable:
                 return SendResult(False, 413, "too_large", attempt, 0)
             if kind == "refresh" and not refreshed and self.auth_refresh is not None:

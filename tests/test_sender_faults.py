@@ -354,3 +354,27 @@ def test_last_success_metric_retry_reason_and_queue_max_bytes_are_exposed(tmp_pa
     assert r.value("samples_retried_total", reason="network") == 2
     assert r.sender.last_error == (NOW, "network error: ConnectionError: refused")
     assert r.value("queue_max_bytes") == 64 << 20
+
+
+def test_credentials_that_fail_while_signing_are_retried_and_reported_as_credentials(
+    tmp_path: Path, rigs: list[Rig], caplog: pytest.LogCaptureFixture
+) -> None:
+    import botocore.exceptions
+    import requests
+
+    from relay.transport import RequestsTransport
+
+    class NoCreds(requests.auth.AuthBase):
+        def __call__(self, r: requests.PreparedRequest) -> requests.PreparedRequest:
+            raise botocore.exceptions.NoCredentialsError()
+
+    resp = RequestsTransport(auth=NoCreds()).post("http://127.0.0.1:9/w", b"x", {}, 1)
+    assert resp.status == 0 and resp.body.startswith(b"credentials: NoCredentialsError")
+    answers = [resp, Response(204)]
+    r = rig(tmp_path, rigs, answer=lambda _: answers.pop(0), clock=Clock(NOW))
+    with caplog.at_level(logging.WARNING, logger="relay.sender"):
+        assert r.sender.send_batch(snappy.compress(series("m", [(1, 1.0)])), 1, NOW).ok
+    assert r.value("samples_retried_total", reason="credentials") == 1
+    assert r.sender.last_error is not None and r.sender.last_error[1].startswith("credentials error: NoCredentials")
+    [line] = [x for x in caplog.records if x.levelno == logging.WARNING]
+    assert getattr(line, "reason", None) == "credentials" and "Unable to locate credentials" in line.getMessage()
