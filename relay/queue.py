@@ -26,7 +26,10 @@ Bounded by max_disk (see relay.queue_files for the disk plan)
 Faults
     A write that cannot be made durable raises StorageError (the real SQLite error, never one from
     a failing ROLLBACK). An ack that cannot be written is kept in memory: those entries are never
-    handed out again, and the delete is retried on the next put or ack. Ids come from
+    handed out again, and the delete is retried on the next put or ack. On a full volume the
+    ``.reserve`` file (from 4 MiB) is given back so that the WAL can be checkpointed and acks
+    written; puts stay refused until the sender's acks freed twice its size, then go on (no 503
+    forever, and what the reserve freed is not eaten by new data). Ids come from
     AUTOINCREMENT, so an id is never reused: a late ack can never delete a newer row. A damaged
     file is set aside at open (relay.queue_files) and reported once.
 """
@@ -139,7 +142,7 @@ class DurableQueue:
         self._put_seq = dict.fromkeys(got.entries, 1)
         if self._last_id != got.last_id:
             self._write_mark()
-        self._reserve = qf.make_reserve(self.path, qf.reserve_bytes(self.plan.wal_bytes))
+        self._reserve = qf.make_reserve(self.path, self.plan.reserve_bytes)
         self._need_reserve = False
         qo.log_report(self.name, report)
         if (report.damaged or report.problems) and on_damaged is not None:
@@ -160,7 +163,7 @@ class DurableQueue:
             raise RequestTooLargeError(f"queue {self.name}: request needs more than max_disk "
                                        f"({limit} bytes) on its own", cost)
         if self._need_reserve:  # the volume filled up: wait until acks gave space back (and then some)
-            size = qf.reserve_bytes(self.plan.wal_bytes)
+            size = self.plan.reserve_bytes
             if qf.free_bytes(self.path) < 2 * size or not qf.make_reserve(self.path, size):
                 raise StorageError(f"queue {self.name}: the volume is full; waiting for sent entries to "
                                    "free space", str(self.path))

@@ -3,7 +3,8 @@
 Disk plan
     ``max_disk`` bounds what the volume sees: the database file, its WAL and its shared-memory
     index together. Of ``max_disk``, a WAL allowance (1/8, 512 KiB to 4 MiB; SQLite checkpoints at
-    half of it and we truncate it past 3/4) and the ``-shm`` file are set aside; the
+    half of it and we truncate it past 3/4), the ``-shm`` file and a ``.reserve`` file the size of
+    the WAL allowance (given back when the volume is full) are set aside; the
     database may use the rest, counting pages in use plus the free pages kept until the next
     incremental vacuum. Below ``PHYSICAL_MIN_BYTES`` SQLite's own fixed pages would not fit, so
     only the payload bound applies (payload plus ENTRY_OVERHEAD_BYTES per entry).
@@ -48,24 +49,24 @@ class DiskPlan:
     # pages for the next put: on a full volume acks still go through and puts recover
     vacuum_pages: int  # give free pages back once this many are free
     db_pages: int | None  # pages the database may hold in use; None: payload bound only
+    reserve_bytes: int = 0  # size of <name>.reserve (0: none, below PHYSICAL_MIN_BYTES)
 
     @staticmethod
     def for_max_disk(max_disk: int) -> DiskPlan:
         if max_disk < PHYSICAL_MIN_BYTES:
-            return DiskPlan(4 << 20, 1024, None)
+            return DiskPlan(4 << 20, 1024, None, 0)
         wal = min(4 << 20, max(512 << 10, max_disk // 8))
         vacuum = max(16, wal // 4 // PAGE_SIZE)
-        return DiskPlan(wal, vacuum, (max_disk - wal - SHM_BYTES - reserve_bytes(wal)) // PAGE_SIZE - vacuum)
-
-
-def reserve_bytes(wal_bytes: int) -> int:
-    """Size of ``<name>.reserve``: released when the volume is full so that a checkpoint can move
-    the WAL into the db and deletes (acks) find room again; recreated once space is back."""
-    return wal_bytes
+        reserve = wal  # room for a checkpoint to move the whole WAL into the db on a full volume
+        return DiskPlan(wal, vacuum, (max_disk - wal - SHM_BYTES - reserve) // PAGE_SIZE - vacuum, reserve)
 
 
 def make_reserve(path: Path, size: int) -> bool:
+    """Create ``<name>.reserve`` (``size`` bytes, allocated): released when the volume is full so
+    that a checkpoint can move the WAL into the db and deletes (acks) find room again."""
     target = Path(f"{path}.reserve")
+    if size <= 0:
+        return False
     if target.exists():
         return True
     try:

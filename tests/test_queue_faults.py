@@ -274,3 +274,16 @@ def test_a_queue_that_cannot_be_opened_raises_one_line_naming_the_destination(tm
         DurableQueue(blocker / "amp.queue.db", 1 << 20, name=f"amp-{uuid.uuid4().hex[:4]}")
     msg = str(e.value)
     assert msg.startswith("destination 'amp-") and "storage.path" in msg and "\n" not in msg
+
+
+def test_the_disk_reserve_exists_only_where_max_disk_has_room_for_it_and_counts_against_it(tmp_path: Path) -> None:
+    small = DurableQueue(tmp_path / "small.queue.db", 2048)
+    big = DurableQueue(tmp_path / "big.queue.db", 8 << 20)
+    try:
+        assert not (tmp_path / "small.queue.db.reserve").exists()
+        reserve = tmp_path / "big.queue.db.reserve"
+        assert reserve.stat().st_size == big.plan.reserve_bytes > 0
+        assert big.files_size() >= reserve.stat().st_size  # part of what max_disk bounds
+    finally:
+        small.close()
+        big.close()
