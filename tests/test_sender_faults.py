@@ -378,3 +378,13 @@ def test_credentials_that_fail_while_signing_are_retried_and_reported_as_credent
     assert r.sender.last_error is not None and r.sender.last_error[1].startswith("credentials error: NoCredentials")
     [line] = [x for x in caplog.records if x.levelno == logging.WARNING]
     assert getattr(line, "reason", None) == "credentials" and "Unable to locate credentials" in line.getMessage()
+
+
+def test_forget_destination_removes_the_new_per_destination_series(tmp_path: Path, rigs: list[Rig]) -> None:
+    answers = [Response(503), Response(204)]
+    r = rig(tmp_path, rigs, answer=lambda _: answers.pop(0))
+    assert r.sender.send_batch(snappy.compress(series("m", [(1, 1.0)])), 1, NOW).ok
+    r.metrics.queue_damaged_total.labels("amp").inc()
+    r.metrics.forget_destination("amp")
+    left = [s for fam in r.metrics.registry.collect() for s in fam.samples if s.labels.get("destination") == "amp"]
+    assert left == []
