@@ -48,6 +48,7 @@ from typing import Literal
 from relay import queue_files as qf
 from relay import queue_open as qo
 from relay.queue_files import DiskPlan, OpenReport
+from relay.queue_state import QueueState
 from relay.queue_types import (
     ENTRY_OVERHEAD_BYTES,
     Entry,
@@ -77,7 +78,7 @@ class _Pending:
         self.error: BaseException | None = None
 
 
-class DurableQueue:
+class DurableQueue(QueueState):
     """Sharded FIFO on one SQLite file. Thread-safe; one consumer per shard."""
 
     def __init__(
@@ -104,19 +105,9 @@ class DurableQueue:
         self._factory = connection_factory
         self._wlock = threading.Lock()  # the write connection
         self._rlock = threading.Lock()  # the read connection
-        self._cond = threading.Condition()  # guards everything below
+        super().__init__()
         self._pending: list[_Pending] = []
         self._committing = False
-        self._closed = False
-        self._samples = 0
-        self._bytes = 0
-        self._entries: dict[int, int] = {}  # shard -> entries queued
-        self._shard_samples: dict[int, int] = {}  # shard -> samples queued
-        self._put_seq: dict[int, int] = {}  # shard -> puts so far (1 at open when it has entries)
-        self._seen_seq: dict[int, int] = {}  # shard -> _put_seq at its last peek
-        self._held: dict[int, set[int]] = {}  # consumer key -> ids handed out and not yet acked
-        self._delivered: set[int] = set()  # acked ids whose delete could not be written yet
-        self._last_id = 0
         self._mark_at = 0.0
         self.report = self._open(on_damaged)
 
@@ -244,10 +235,7 @@ class DurableQueue:
                 self._samples += d_samples
                 self._bytes += d_bytes
                 self._delivered -= freed_delivered
-                for shard, (n, s) in added.items():
-                    self._entries[shard] = self._entries.get(shard, 0) + n
-                    self._shard_samples[shard] = self._shard_samples.get(shard, 0) + s
-                    self._put_seq[shard] = self._put_seq.get(shard, 0) + 1
+                self._apply_added(added)
                 self._apply_removed(removed)
                 self._last_id = max(self._last_id, last_id)
                 self._cond.notify_all()
@@ -364,36 +352,18 @@ class DurableQueue:
         return True
 
     def _rollback(self, db: sqlite3.Connection) -> None:
-        """Roll back after a failed write, whatever state SQLite left (it may have rolled back by
-        itself); a connection stuck in a transaction is replaced. Never raises."""
-        for undo in (lambda: db.execute("ROLLBACK"), db.rollback):
-            if not db.in_transaction:
-                return
-            with contextlib.suppress(sqlite3.Error):
-                undo()
-        if db.in_transaction and db is self._wdb:
+        """After a failed write; never raises, never masks the real error. A connection stuck in a
+        transaction is replaced."""
+        if qo.rollback(db) and db is self._wdb:
             with contextlib.suppress(sqlite3.Error):
                 db.close()
                 self._wdb = self._connect()
-
-    def _apply_removed(self, removed: dict[int, list[int]]) -> None:
-        for shard, (n, s) in removed.items():
-            self._entries[shard] = self._entries.get(shard, 0) - n
-            self._shard_samples[shard] = self._shard_samples.get(shard, 0) - s
-            if self._entries[shard] <= 0:
-                self._entries.pop(shard, None)
-                self._shard_samples.pop(shard, None)
 
     def _maintain(self, db: sqlite3.Connection) -> None:
         """After a commit: give free pages back, keep the WAL small, refresh the mark. Best effort:
         the data is already committed, so a failure here is not the caller's."""
         try:
-            (free,) = db.execute("PRAGMA freelist_count").fetchone()
-            if free >= self.plan.vacuum_pages:
-                db.executescript("PRAGMA incremental_vacuum;")  # execute() would free one page only
-            if Path(f"{self.path}-wal").stat().st_size > self.plan.wal_bytes * 3 // 4:
-                with self._rlock:
-                    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            qo.upkeep(db, self.path, self.plan, self._rlock)
         except (sqlite3.Error, OSError) as e:
             log.debug("queue %s: maintenance skipped: %s", self.name, e)
         now = time.monotonic()
@@ -442,25 +412,6 @@ class DurableQueue:
             self._held[key] = {e.id for e in out}
         return out
 
-    def last_id(self) -> int:
-        """The newest id committed so far (the barrier for peek_upto)."""
-        with self._cond:
-            return self._last_id
-
-    def backlog(self, shard: int) -> tuple[int, int]:
-        """(entries, samples) queued for a shard, delivered-but-unwritten acks included."""
-        with self._cond:
-            return self._entries.get(shard, 0), self._shard_samples.get(shard, 0)
-
-    def shards(self) -> list[int]:
-        with self._cond:
-            return sorted(self._entries)
-
-    def depth(self) -> tuple[int, int]:
-        """(samples, payload bytes) queued. Cheap: kept in memory; still answers after close."""
-        with self._cond:
-            return self._samples, self._bytes
-
     def files_size(self) -> int:
         """Bytes of the db, WAL and shm files: what max_disk bounds from 4 MiB on."""
         return qf.files_size(self.path)
@@ -480,19 +431,6 @@ class DurableQueue:
             row = self._rdb.execute("SELECT MIN(CASE WHEN oldest_ts > 0 THEN oldest_ts / 1000.0 "
                                     "ELSE enqueued_at END) FROM entries").fetchone()
         return None if row is None or row[0] is None else float(row[0])
-
-    def wait(self, shard: int, timeout: float) -> bool:
-        """Block until something was put for ``shard`` since its last ``peek`` (True), or timeout or
-        close (False). Entries present at open count as put, so a first wait returns at once."""
-        with self._cond:
-            return self._cond.wait_for(
-                lambda: self._closed or self._put_seq.get(shard, 0) != self._seen_seq.get(shard, 0),
-                timeout,
-            ) and not self._closed
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def close(self) -> None:
         with self._cond:

@@ -1,5 +1,8 @@
-"""Opening a queue file: connect, create or upgrade the schema, check it, recover a damaged one,
-load the in-memory counts, compare with the high-water mark, and say in ONE log line what was found.
+"""Opening a queue file and keeping its connections healthy.
+
+Opening: connect, create or upgrade the schema, check it, recover a damaged file, load the
+in-memory counts, compare with the high-water mark, and say in ONE log line what was found.
+Upkeep: rollback that never masks the real error, vacuum and WAL truncation after commits.
 
 A start never fails because of what is in the file: a damaged file is set aside and what can be
 read of it is kept (relay.queue_files). It fails (QueueOpenError, raised by the caller) only when
@@ -8,8 +11,10 @@ the file cannot be opened or created at all: a directory that is not writable, a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,3 +143,25 @@ def log_report(name: str, r: OpenReport) -> None:
     else:
         log.info("queue %s: recovered %d entries, %d samples, oldest %s", name, r.entries, r.samples,
                  "-" if r.oldest_age_s is None else f"{r.oldest_age_s:.0f}s old", extra=fields)
+
+
+def rollback(db: sqlite3.Connection) -> bool:
+    """Roll back whatever state a failed write left (SQLite may have rolled back by itself).
+    Never raises; True if the connection is still stuck in a transaction."""
+    for undo in (lambda: db.execute("ROLLBACK"), db.rollback):
+        if not db.in_transaction:
+            return False
+        with contextlib.suppress(sqlite3.Error):
+            undo()
+    return db.in_transaction
+
+
+def upkeep(db: sqlite3.Connection, path: Path, plan: DiskPlan, rlock: threading.Lock) -> None:
+    """After a commit: give free pages back to the volume, truncate a WAL past 3/4 of its allowance
+    (holding the read lock, so no reader of ours pins it). Raises sqlite3.Error or OSError."""
+    (free,) = db.execute("PRAGMA freelist_count").fetchone()
+    if free >= plan.vacuum_pages:
+        db.executescript("PRAGMA incremental_vacuum;")  # execute() would free one page only
+    if Path(f"{path}-wal").stat().st_size > plan.wal_bytes * 3 // 4:
+        with rlock:
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
