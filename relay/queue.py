@@ -200,12 +200,18 @@ class DurableQueue(QueueState):
         removed: dict[int, list[int]] = {}
         freed_delivered: set[int] = set()
         d_samples = d_bytes = 0
-        with self._wlock:
+        with self._wlock, contextlib.ExitStack() as readers:
             db = self._wdb
             self._flush_delivered(db)
-            with self._cond:
-                protected = set().union(*self._held.values()) if self._held else set()
-                delivered = set(self._delivered)
+            holding: list[bool] = []
+
+            def hold_readers() -> None:
+                """Before the first delete: no peek until COMMIT (a consumer that read a row we delete
+                would deliver what queue_full counts as lost)."""
+                if not holding:
+                    readers.enter_context(self._rlock)
+                    holding.append(True)
+
             try:
                 db.execute("BEGIN IMMEDIATE")
                 first_id: int | None = None
@@ -222,13 +228,14 @@ class DurableQueue(QueueState):
                         a[1] += samples
                         d_samples += samples
                         d_bytes += len(payload)
-                    rs, rb = self._trim(db, d_bytes, added, removed, first_id or 0, protected, delivered,
-                                        freed_delivered)
+                    rs, rb = self._trim(db, d_bytes, added, removed, first_id or 0, freed_delivered, hold_readers)
                     p.dropped = rs
                     d_bytes -= rb
                 db.execute("COMMIT")
+                readers.close()
             except BaseException:
                 self._rollback(db)  # never masks the real error
+                readers.close()
                 raise
             d_samples -= sum(r[1] for r in removed.values())
             with self._cond:
@@ -242,10 +249,12 @@ class DurableQueue(QueueState):
             self._maintain(db)
 
     def _trim(self, db: sqlite3.Connection, d_bytes: int, added: dict[int, list[int]],
-              removed: dict[int, list[int]], first_own: int, protected: set[int], delivered: set[int],
-              freed_delivered: set[int]) -> tuple[int, int]:
+              removed: dict[int, list[int]], first_own: int, freed_delivered: set[int],
+              hold_readers: Callable[[], None]) -> tuple[int, int]:
         """Delete the oldest entries until the queue fits; never rows of this commit (id >= first_own)
-        nor rows a consumer holds. Returns (samples, bytes) freed, delivered rows not counted."""
+        nor rows a consumer holds. Returns (samples, bytes) freed, delivered rows not counted.
+        Held and delivered ids are read under _cond for each chunk: an ack moves an id from one to
+        the other atomically, so a row is never counted lost when its sender has it."""
         freed_samples = freed_bytes = 0
         after = 0
         while True:
@@ -260,10 +269,14 @@ class DurableQueue(QueueState):
                 excess = max(excess, (pages - free - self.plan.db_pages) * qf.PAGE_SIZE)
             if excess <= 0:
                 break
+            hold_readers()
             rows = db.execute("SELECT id, shard, samples, LENGTH(payload) FROM entries WHERE id > ? AND id < ? "
                               "ORDER BY id LIMIT 256", (after, first_own)).fetchall()
             if not rows:
                 break  # only held or new rows left: they leave soon (acked) or are what we store
+            with self._cond:
+                protected = set().union(*self._held.values())
+                delivered = set(self._delivered)
             cut = []
             for rid, shard, samples, nbytes in rows:
                 after = rid
@@ -408,8 +421,8 @@ class DurableQueue(QueueState):
                 out.append(Entry(rid, shard, bytes(payload), samples, enqueued_at, oldest))
                 total += samples
             cur.close()
-        with self._cond:
-            self._held[key] = {e.id for e in out}
+            with self._cond:  # still under the read lock: a trimming commit sees it (see _commit)
+                self._held[key] = {e.id for e in out}
         return out
 
     def files_size(self) -> int:
