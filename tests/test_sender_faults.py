@@ -388,3 +388,14 @@ def test_forget_destination_removes_the_new_per_destination_series(tmp_path: Pat
     r.metrics.forget_destination("amp")
     left = [s for fam in r.metrics.registry.collect() for s in fam.samples if s.labels.get("destination") == "amp"]
     assert left == []
+
+
+def test_an_oversized_entry_that_does_not_parse_is_dropped_as_malformed_not_retried_forever(
+    tmp_path: Path, rigs: list[Rig]
+) -> None:
+    r = rig(tmp_path, rigs, max_samples_per_send=2)
+    r.queue.put([(0, b"\x0a\xff\xff\xff\x0f garbage", 5, 1)])  # a length far past the end
+    r.sender.start()
+    assert wait_until(lambda: r.queue.shards() == [], timeout=5)
+    assert r.transport.bodies == []
+    assert r.value("samples_failed_total", reason="malformed") == 5
