@@ -101,7 +101,9 @@ class SigV4Auth(requests.auth.AuthBase):
     def _resolve(self, base: Any) -> Any:
         if base is None:
             raise SigV4ConfigError(
-                "no AWS credentials found (env, profile, web identity, container, instance metadata)",
+                "no AWS credentials found (env, profile, web identity, container, instance metadata); "
+                "give the pod an IAM role (IRSA or EKS Pod Identity), or set sigv4.profile, or "
+                "sigv4.access_key and sigv4.secret_key",
                 "credentials",
                 None,
             )
