@@ -121,7 +121,7 @@ class DurableQueue(QueueState):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             mark = qf.read_mark(self.path)
             self._wdb, self._rdb = qo.open_or_recover(self.path, self._connect, self._clock(),
-                                                      self.max_disk_bytes, report)
+                                                      self.max_disk_bytes, report, mark)
             got = qo.load(self._rdb, self._clock(), report)
             self._last_id = qo.check_mark(self._wdb, mark, got.last_id, report)
         except (OSError, sqlite3.Error) as e:

@@ -31,6 +31,7 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 PAGE_SIZE = 4096
 PHYSICAL_MIN_BYTES = 4 << 20
@@ -149,11 +150,14 @@ def move_aside(path: Path, now: float) -> Path:
     return target
 
 
-def salvage(path: Path, max_bytes: int) -> list[Row]:
+def salvage(path: Path, max_bytes: int, last_id: int = 0, budget_s: float = 2.0) -> list[Row]:
     """Rows SQLite can still read from a damaged file: a forward scan until the first error, then a
-    backward scan down to where the forward one stopped. Never raises; at most max_bytes of payload."""
+    backward scan down to where the forward one stopped; if either broke off, each missing id up to
+    ``last_id`` is looked up alone, newest first, for at most ``budget_s`` seconds (a lookup only
+    needs the pages on its own path). Never raises; at most max_bytes of payload."""
     rows: dict[int, Row] = {}
     budget = [max_bytes]
+    _pad_to_header_size(path)
     try:
         db = sqlite3.connect(path, isolation_level=None, timeout=1.0)
     except sqlite3.Error:
@@ -162,8 +166,10 @@ def salvage(path: Path, max_bytes: int) -> list[Row]:
         cols = {r[1] for r in db.execute("PRAGMA table_info(entries)")}
         oldest = "oldest_ts" if "oldest_ts" in cols else "0"
         query = f"SELECT id, shard, samples, enqueued_at, {oldest}, payload FROM entries"
-        low = _scan(db, query + " ORDER BY id", rows, budget)
-        _scan(db, query + f" WHERE id > {low} ORDER BY id DESC", rows, budget)
+        low, ok_fwd = _scan(db, query + " ORDER BY id", rows, budget)
+        _, ok_back = _scan(db, query + f" WHERE id > {low} ORDER BY id DESC", rows, budget)
+        if not (ok_fwd and ok_back):
+            _probe(db, query + " WHERE id = ?", rows, budget, max(last_id, max(rows, default=0)), budget_s)
     except sqlite3.Error:
         pass
     finally:
@@ -171,30 +177,77 @@ def salvage(path: Path, max_bytes: int) -> list[Row]:
     return [rows[i] for i in sorted(rows)]
 
 
-def _scan(db: sqlite3.Connection, query: str, rows: dict[int, Row], budget: list[int]) -> int:
+def _pad_to_header_size(path: Path) -> None:
+    """A truncated file is unreadable as a whole ("malformed" on every query); zero-fill the set-aside
+    copy up to the page count its header declares, so the pages still there can be read."""
+    with contextlib.suppress(OSError, ValueError):
+        with path.open("rb") as f:
+            header = f.read(100)
+        if len(header) < 100 or not header.startswith(b"SQLite format 3\0"):
+            return
+        page = int.from_bytes(header[16:18], "big") or 65536
+        pages = int.from_bytes(header[28:32], "big")
+        want = page * pages
+        if path.stat().st_size < want <= 1 << 40:
+            os.truncate(path, want)
+
+
+def _keep(row: tuple[Any, ...], rows: dict[int, Row], budget: list[int]) -> bool:
+    """Keep a salvaged row if it is well-formed and fits the budget; False stops the salvage."""
+    rid, shard, samples, enq, oldest, payload = row
+    if not isinstance(payload, bytes) or budget[0] < len(payload):
+        return False
+    budget[0] -= len(payload)
+    rows[int(rid)] = (int(rid), int(shard), int(samples), float(enq), int(oldest), payload)
+    return True
+
+
+def _scan(db: sqlite3.Connection, query: str, rows: dict[int, Row], budget: list[int]) -> tuple[int, bool]:
+    """(last id read, True if the scan reached the end without an error)."""
     last = 0
     try:
-        for rid, shard, samples, enq, oldest, payload in db.execute(query):
-            if not isinstance(payload, bytes) or budget[0] < len(payload):
-                return last
-            budget[0] -= len(payload)
-            rows[int(rid)] = (int(rid), int(shard), int(samples), float(enq), int(oldest), payload)
-            last = int(rid)
+        for row in db.execute(query):
+            if not _keep(row, rows, budget):
+                return last, True
+            last = int(row[0])
     except sqlite3.Error:
-        pass
-    return last
+        return last, False
+    return last, True
+
+
+def _probe(db: sqlite3.Connection, query: str, rows: dict[int, Row], budget: list[int], hi: int,
+           budget_s: float) -> None:
+    deadline = time.monotonic() + budget_s
+    for rid in range(hi, 0, -1):
+        if rid in rows:
+            continue
+        if time.monotonic() > deadline:
+            return
+        try:
+            row = db.execute(query, (rid,)).fetchone()
+        except sqlite3.Error:
+            continue
+        if row is not None and not _keep(row, rows, budget):
+            return
 
 
 def mark_path(path: Path) -> Path:
     return path.with_name(path.name + ".mark")
 
 
-def read_mark(path: Path) -> int | None:
-    """The last id recorded by the previous run; None if there is no (readable) mark."""
+@dataclass(frozen=True, slots=True)
+class Mark:
+    last_id: int
+    entries: int  # queued when the mark was written (at most a second before the last commit)
+    samples: int
+
+
+def read_mark(path: Path) -> Mark | None:
+    """What the previous run recorded; None if there is no (readable) mark."""
     try:
         data = json.loads(mark_path(path).read_text())
-        return int(data["last_id"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return Mark(int(data["last_id"]), int(data.get("entries", 0)), int(data.get("samples", 0)))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 

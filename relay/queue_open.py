@@ -68,8 +68,8 @@ def _connections(open_db: Connect, check: bool) -> tuple[sqlite3.Connection, sql
         raise
 
 
-def open_or_recover(path: Path, open_db: Connect, now: float, max_disk: int,
-                    report: OpenReport) -> tuple[sqlite3.Connection, sqlite3.Connection]:
+def open_or_recover(path: Path, open_db: Connect, now: float, max_disk: int, report: OpenReport,
+                    mark: qf.Mark | None = None) -> tuple[sqlite3.Connection, sqlite3.Connection]:
     """(write, read) connections. A damaged file is moved aside, salvaged into a fresh one."""
     existed = path.exists() and path.stat().st_size > 0
     try:
@@ -77,9 +77,9 @@ def open_or_recover(path: Path, open_db: Connect, now: float, max_disk: int,
     except sqlite3.DatabaseError as e:
         if not qf.is_corruption(e):
             raise
-        why = f"{type(e).__name__}: {e}"
+        why = " ".join(f"{type(e).__name__}: {e}".split())  # quick_check answers span lines
     moved = qf.move_aside(path, now)
-    rows = qf.salvage(moved, max_disk)
+    rows = qf.salvage(moved, max_disk, last_id=mark.last_id if mark else 0)
     report.damaged, report.moved_to = why, moved
     report.salvaged_entries, report.salvaged_samples = len(rows), sum(r[2] for r in rows)
     wdb, rdb = _connections(open_db, check=False)
@@ -115,17 +115,28 @@ def load(rdb: sqlite3.Connection, now: float, report: OpenReport) -> Loaded:
     return out
 
 
-def check_mark(wdb: sqlite3.Connection, mark: int | None, last_id: int, report: OpenReport) -> int:
-    """Compare the file's last id with the previous run's mark; returns the id to continue from
+def check_mark(wdb: sqlite3.Connection, mark: qf.Mark | None, last_id: int, report: OpenReport) -> int:
+    """Compare what the file holds with the previous run's mark; returns the id to continue from
     (ids stay above every id ever handed out, so a late ack can never hit a new entry)."""
-    if mark is None or last_id >= mark:
+    if mark is None:
         return last_id
-    report.problems.append(f"entries {last_id + 1}..{mark} recorded by the last run are missing "
-                           "(its WAL was lost, or the file was replaced or emptied)")
-    report.lost_entries = (report.lost_entries or 0) + mark - last_id
+    if report.damaged:
+        lost = max(0, mark.entries - report.salvaged_entries)
+        report.lost_entries = lost
+        report.problems.append(f"the last run had {mark.entries} entries ({mark.samples} samples) queued: "
+                               f"about {lost} entries ({max(0, mark.samples - report.salvaged_samples)} "
+                               "samples) lost")
+    elif last_id < mark.last_id:
+        report.lost_entries = mark.last_id - last_id
+        report.problems.append(
+            f"entries {last_id + 1}..{mark.last_id} recorded by the last run are missing (its WAL was "
+            f"lost, or the file was replaced or emptied): about {max(0, mark.samples - report.samples)} "
+            "samples lost")
+    if last_id >= mark.last_id:
+        return last_id
     wdb.execute("INSERT OR REPLACE INTO sqlite_sequence (rowid, name, seq) VALUES "
-                "((SELECT rowid FROM sqlite_sequence WHERE name = 'entries'), 'entries', ?)", (mark,))
-    return mark
+                "((SELECT rowid FROM sqlite_sequence WHERE name = 'entries'), 'entries', ?)", (mark.last_id,))
+    return mark.last_id
 
 
 def log_report(name: str, r: OpenReport) -> None:
@@ -135,8 +146,9 @@ def log_report(name: str, r: OpenReport) -> None:
     if r.damaged or r.problems:
         what = []
         if r.damaged:
+            unknown = "; the rest of the file (amount unknown: no mark) is lost" if r.lost_entries is None else ""
             what.append(f"file damaged ({r.damaged}), moved to {r.moved_to}; salvaged "
-                        f"{r.salvaged_entries} entries ({r.salvaged_samples} samples), the rest is lost")
+                        f"{r.salvaged_entries} entries ({r.salvaged_samples} samples){unknown}")
         what.extend(r.problems)
         log.error("queue %s: %s; %d entries (%d samples) queued now", name, "; ".join(what), r.entries,
                   r.samples, extra={**fields, "reason": "queue_damaged", "lost_entries": r.lost_entries})
