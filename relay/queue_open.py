@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from relay import queue_files as qf
+from relay.proto import remote_v1_pb2
 from relay.queue_files import DiskPlan, OpenReport
 
 log = logging.getLogger("relay.queue")
@@ -79,7 +80,7 @@ def open_or_recover(path: Path, open_db: Connect, now: float, max_disk: int, rep
             raise
         why = " ".join(f"{type(e).__name__}: {e}".split())  # quick_check answers span lines
     moved = qf.move_aside(path, now)
-    rows = qf.salvage(moved, max_disk, last_id=mark.last_id if mark else 0)
+    rows = [r for r in qf.salvage(moved, max_disk, last_id=mark.last_id if mark else 0) if intact(r[5])]
     report.damaged, report.moved_to = why, moved
     report.salvaged_entries, report.salvaged_samples = len(rows), sum(r[2] for r in rows)
     wdb, rdb = _connections(open_db, check=False)
@@ -88,6 +89,20 @@ def open_or_recover(path: Path, open_db: Connect, now: float, max_disk: int, rep
                     "VALUES (?, ?, ?, ?, ?, ?)", rows)
     wdb.execute("COMMIT")
     return wdb, rdb
+
+
+def intact(payload: bytes) -> bool:
+    """Whether a salvaged payload is still the WriteRequest we wrote (SQLite has no checksums, so a
+    garbage page reads back as garbage): it parses, and re-encodes to the same size once unknown
+    fields are dropped (we never write any). One bad entry would make the destination refuse the
+    whole batch it shares with good ones."""
+    wr = remote_v1_pb2.WriteRequest()
+    try:
+        wr.ParseFromString(payload)
+    except Exception:  # protobuf's DecodeError, or anything else a garbage buffer provokes
+        return False
+    wr.DiscardUnknownFields()
+    return wr.ByteSize() == len(payload) and all(ts.labels for ts in wr.timeseries)
 
 
 @dataclass(slots=True)

@@ -21,6 +21,7 @@ import pytest
 from relay import queue as rq
 from relay.queue import DurableQueue, QueueOpenError, StorageError
 from relay.queue_files import OpenReport
+from relay.wire import decode_write_request, encode_write_request
 
 
 class Faulty(sqlite3.Connection):
@@ -176,7 +177,7 @@ def _crash_image(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entries: int =
     live = tmp_path / "live" / "amp.queue.db"
     q = DurableQueue(live, 1 << 30, durability="normal")
     for i in range(entries):
-        q.put([(i % 2, b"entry-%05d|" % i + b"p" * 2000, 2, 0)])
+        q.put([(i % 2, _entry(i), 2, 0)])
     image = tmp_path / "image" / "amp.queue.db"
     image.parent.mkdir()
     for suffix in ("", "-wal", ".mark"):
@@ -185,6 +186,17 @@ def _crash_image(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entries: int =
             shutil.copy(src, Path(f"{image}{suffix}"))
     q.close()
     return image
+
+
+def _entry(i: int) -> bytes:
+    """A real WriteRequest (salvage keeps only payloads that still parse as one)."""
+    labels = (("__name__", "m"), ("i", str(i)), ("pad", "p" * 2000))
+    return encode_write_request([(labels, [(1_700_000_000_000 + i, 1.0), (1_700_000_000_001 + i, 2.0)])])
+
+
+def _index(payload: bytes) -> int:
+    [(labels, _)] = decode_write_request(payload)
+    return int(dict(labels)["i"])
 
 
 def _garble(path: Path, offset: int, length: int) -> None:
@@ -241,7 +253,7 @@ def test_a_damaged_or_incomplete_queue_file_never_stops_the_relay_from_starting(
         if seen[0].damaged:
             assert seen[0].moved_to is not None and seen[0].moved_to.exists()
             assert ".damaged-" in seen[0].moved_to.name
-        kept = [e.payload[:11] for s in q.shards() for e in q.peek(s, 1 << 30, 1 << 30)]
+        kept = [_index(e.payload) for s in q.shards() for e in q.peek(s, 1 << 30, 1 << 30)]
         assert len(set(kept)) == len(kept) and q.depth()[0] == 2 * len(kept)
         if variant in ("db-garbage-pages-in-the-middle", "db-truncated-to-half"):
             assert len(kept) > 100  # what SQLite could still read was salvaged (of 300)
@@ -331,3 +343,14 @@ def test_under_concurrent_overflow_sent_plus_dropped_plus_queued_equals_what_was
         assert q.files_size() <= 4 << 20
     finally:
         q.close()
+
+
+def test_salvaged_payloads_that_no_longer_parse_as_the_write_request_we_wrote_are_discarded() -> None:
+    from relay.queue_open import intact
+
+    good = _entry(1)
+    assert intact(good)
+    assert intact(b"")  # an empty WriteRequest (e.g. nothing left after rules) is harmless
+    assert not intact(good[: len(good) // 2])  # cut inside a message
+    assert not intact(good + b"\xf8\x07\x01")  # an unknown field: garbage that happens to parse
+    assert not intact(random.Random(5).randbytes(3000))
