@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 PAGE_SIZE = 4096
+_MAGIC = b"SQLite format 3\0"
 PHYSICAL_MIN_BYTES = 4 << 20
 SHM_BYTES = 64 << 10
 _SIDE_FILES = ("-wal", "-shm", ".reserve")
@@ -150,13 +151,18 @@ def move_aside(path: Path, now: float) -> Path:
     return target
 
 
-def salvage(path: Path, max_bytes: int, last_id: int = 0, budget_s: float = 2.0) -> list[Row]:
+def salvage(path: Path, max_bytes: int, last_id: int = 0, budget_s: float = 2.0,
+            header: bytes | None = None) -> list[Row]:
     """Rows SQLite can still read from a damaged file: a forward scan until the first error, then a
     backward scan down to where the forward one stopped; if either broke off, each missing id up to
     ``last_id`` is looked up alone, newest first, for at most ``budget_s`` seconds (a lookup only
-    needs the pages on its own path). Never raises; at most max_bytes of payload."""
+    needs the pages on its own path). ``header``: the first 100 bytes of a fresh queue file, put
+    back (with this file's page count) when its own were overwritten. Never raises; at most
+    max_bytes of payload."""
     rows: dict[int, Row] = {}
     budget = [max_bytes]
+    if header is not None:
+        _restore_header(path, header)
     _pad_to_header_size(path)
     try:
         db = sqlite3.connect(path, isolation_level=None, timeout=1.0)
@@ -177,13 +183,28 @@ def salvage(path: Path, max_bytes: int, last_id: int = 0, budget_s: float = 2.0)
     return [rows[i] for i in sorted(rows)]
 
 
+def _restore_header(path: Path, header: bytes) -> None:
+    """A queue file whose header is gone (zeroed, overwritten) but whose size is whole pages: every
+    queue file has the same header but for its page count and change counter, so write those."""
+    with contextlib.suppress(OSError):
+        size = path.stat().st_size
+        with path.open("r+b") as f:
+            if f.read(16) == _MAGIC or size < 2 * PAGE_SIZE or size % PAGE_SIZE:
+                return
+            fixed = bytearray(header[:100])
+            fixed[24:28] = fixed[92:96] = (1).to_bytes(4, "big")  # change counter == version-valid-for
+            fixed[28:32] = (size // PAGE_SIZE).to_bytes(4, "big")
+            f.seek(0)
+            f.write(bytes(fixed))
+
+
 def _pad_to_header_size(path: Path) -> None:
     """A truncated file is unreadable as a whole ("malformed" on every query); zero-fill the set-aside
     copy up to the page count its header declares, so the pages still there can be read."""
     with contextlib.suppress(OSError, ValueError):
         with path.open("rb") as f:
             header = f.read(100)
-        if len(header) < 100 or not header.startswith(b"SQLite format 3\0"):
+        if len(header) < 100 or not header.startswith(_MAGIC):
             return
         page = int.from_bytes(header[16:18], "big") or 65536
         pages = int.from_bytes(header[28:32], "big")

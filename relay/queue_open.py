@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -80,7 +81,8 @@ def open_or_recover(path: Path, open_db: Connect, now: float, max_disk: int, rep
             raise
         why = " ".join(f"{type(e).__name__}: {e}".split())  # quick_check answers span lines
     moved = qf.move_aside(path, now)
-    rows = [r for r in qf.salvage(moved, max_disk, last_id=mark.last_id if mark else 0) if intact(r[5])]
+    salvaged = qf.salvage(moved, max_disk, last_id=mark.last_id if mark else 0, header=_fresh_header())
+    rows = [r for r in salvaged if intact(r[5])]
     report.damaged, report.moved_to = why, moved
     report.salvaged_entries, report.salvaged_samples = len(rows), sum(r[2] for r in rows)
     wdb, rdb = _connections(open_db, check=False)
@@ -89,6 +91,19 @@ def open_or_recover(path: Path, open_db: Connect, now: float, max_disk: int, rep
                     "VALUES (?, ?, ?, ?, ?, ?)", rows)
     wdb.execute("COMMIT")
     return wdb, rdb
+
+
+def _fresh_header() -> bytes | None:
+    """The first 100 bytes of a new, empty queue file (same pragmas and schema as ours)."""
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            ref = Path(tmp) / "ref.db"
+            db = connect(ref, sqlite3.Connection, "NORMAL", DiskPlan.for_max_disk(1 << 30))
+            db.executescript(SCHEMA)
+            db.close()
+            return ref.read_bytes()[:100]
+    except (OSError, sqlite3.Error):
+        return None
 
 
 def intact(payload: bytes) -> bool:

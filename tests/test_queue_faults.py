@@ -205,6 +205,12 @@ def _garble(path: Path, offset: int, length: int) -> None:
         f.write(random.Random(offset).randbytes(length))
 
 
+def _zero(path: Path, offset: int, length: int) -> None:
+    with path.open("r+b") as f:
+        f.seek(offset)
+        f.write(bytes(length))
+
+
 def _checkpointed_image(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     image = _crash_image(tmp_path, monkeypatch)
     db = sqlite3.connect(image)
@@ -221,6 +227,7 @@ CORRUPTIONS = {
     "db-truncated-to-half": lambda p: os.truncate(p, p.stat().st_size // 2),
     "db-truncated-inside-header": lambda p: os.truncate(p, 60),
     "db-header-garbage": lambda p: _garble(p, 0, 100),
+    "db-header-zeroed": lambda p: _zero(p, 0, 100),
     "db-garbage-pages-in-the-middle": lambda p: _garble(p, p.stat().st_size // 2, 3 * 4096),
     "db-all-garbage": lambda p: p.write_bytes(random.Random(1).randbytes(p.stat().st_size)),
     "db-emptied": lambda p: p.write_bytes(b""),
@@ -230,7 +237,7 @@ CORRUPTIONS = {
     "wal-truncated": lambda p: os.truncate(_wal(p), _wal(p).stat().st_size // 3),
     "db-second-page-garbage": lambda p: _garble(p, 4096, 4096),
 }
-CHECKPOINTED = {"db-truncated-to-half", "db-truncated-inside-header", "db-header-garbage",
+CHECKPOINTED = {"db-truncated-to-half", "db-truncated-inside-header", "db-header-garbage", "db-header-zeroed",
                 "db-garbage-pages-in-the-middle", "db-all-garbage", "db-second-page-garbage"}
 
 
@@ -255,7 +262,8 @@ def test_a_damaged_or_incomplete_queue_file_never_stops_the_relay_from_starting(
             assert ".damaged-" in seen[0].moved_to.name
         kept = [_index(e.payload) for s in q.shards() for e in q.peek(s, 1 << 30, 1 << 30)]
         assert len(set(kept)) == len(kept) and q.depth()[0] == 2 * len(kept)
-        if variant in ("db-garbage-pages-in-the-middle", "db-truncated-to-half"):
+        if variant in ("db-garbage-pages-in-the-middle", "db-truncated-to-half", "db-header-garbage",
+                       "db-header-zeroed"):
             assert len(kept) > 100  # what SQLite could still read was salvaged (of 300)
         assert q.put([(0, b"new", 1, 0)]) == 0
         assert q.peek(0, 1 << 30, 1 << 30)[-1].payload == b"new"
