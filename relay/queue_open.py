@@ -157,11 +157,11 @@ def check_mark(wdb: sqlite3.Connection, mark: qf.Mark | None, last_id: int, repo
                                f"about {lost} entries ({max(0, mark.samples - report.salvaged_samples)} "
                                "samples) lost")
     elif last_id < mark.last_id:
-        report.lost_entries = mark.last_id - last_id
+        report.lost_entries = max(0, mark.entries - report.entries)
         report.problems.append(
             f"entries {last_id + 1}..{mark.last_id} recorded by the last run are missing (its WAL was "
-            f"lost, or the file was replaced or emptied): about {max(0, mark.samples - report.samples)} "
-            "samples lost")
+            f"lost, or the file was replaced or emptied): about {report.lost_entries} entries "
+            f"({max(0, mark.samples - report.samples)} samples) lost")
     if last_id >= mark.last_id:
         return last_id
     wdb.execute("INSERT OR REPLACE INTO sqlite_sequence (rowid, name, seq) VALUES "
