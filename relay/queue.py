@@ -97,9 +97,8 @@ class DurableQueue(QueueState):
         if durability not in ("full", "normal"):
             raise QueueError("durability must be 'full' or 'normal'", durability)
         self.path = Path(path)
-        self.name = name or self.path.name.split(".")[0]
-        self.max_disk_bytes = max_disk_bytes
-        self.plan = DiskPlan.for_max_disk(max_disk_bytes)
+        self.name = name or self.path.name.removesuffix(".queue.db").removesuffix(".db")
+        self.max_disk_bytes = max_disk_bytes  # sets self.plan
         self._clock = clock
         self._sync = durability.upper()
         self._factory = connection_factory
@@ -110,6 +109,18 @@ class DurableQueue(QueueState):
         self._committing = False
         self._mark_at = 0.0
         self.report = self._open(on_damaged)
+
+    @property
+    def max_disk_bytes(self) -> int:
+        return self._max_disk
+
+    @max_disk_bytes.setter
+    def max_disk_bytes(self, value: int) -> None:
+        """Changing the bound on a running queue (reload) takes effect at the next put."""
+        if value <= 0:
+            raise QueueError("max_disk_bytes must be positive", value)
+        self._max_disk = value
+        self.plan = DiskPlan.for_max_disk(value)
 
     # -- opening (relay.queue_open) ----------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:

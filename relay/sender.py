@@ -188,6 +188,7 @@ class Sender:
         if self.drain_first is not None:
             self._drain(self.drain_first)
         while not self._stop.is_set():
+            self.metrics.queue_max_bytes.labels(self.name).set(self.queue.max_disk_bytes)  # a reload may resize
             for shard in self.queue.shards():
                 with self._lock:
                     t = self._threads.get(shard)

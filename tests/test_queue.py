@@ -314,3 +314,17 @@ def test_every_acknowledged_put_survives_sigkill(tmp_path: Path) -> None:
         assert heads == tails  # each put is all-or-nothing across shards
     finally:
         q.close()
+
+
+def test_max_disk_changed_on_a_running_queue_bounds_the_next_put(tmp_path: Path) -> None:
+    entry = 100 + ENTRY_OVERHEAD_BYTES
+    q = DurableQueue(tmp_path / "amp.prod.queue.db", 10 * entry)
+    assert q.name == "amp.prod"  # a dot in a destination name is kept
+    for i in range(6):
+        q.put([(0, bytes([i]) * 100, 1, 0)])
+    q.max_disk_bytes = 3 * entry  # a reload shrank it
+    assert q.put([(0, b"\x09" * 100, 1, 0)]) == 4
+    assert [e.payload[0] for e in q.peek(0, 100)] == [4, 5, 9]
+    with pytest.raises(QueueError):
+        q.max_disk_bytes = 0
+    q.close()
