@@ -108,7 +108,17 @@ class DurableQueue(QueueState):
         self._pending: list[_Pending] = []
         self._committing = False
         self._mark_at = 0.0
+        self._damage_taken = False
         self.report = self._open(on_damaged)
+
+    def take_damage_report(self) -> OpenReport | None:
+        """The open report if the file was damaged or lost entries, once (the sender counts it in
+        gpu_relay_queue_damaged_total when it is built; a later sender on the same queue does not)."""
+        with self._cond:
+            if self._damage_taken or not (self.report.damaged or self.report.problems):
+                return None
+            self._damage_taken = True
+            return self.report
 
     @property
     def max_disk_bytes(self) -> int:

@@ -143,6 +143,8 @@ class Sender:
         self._supervisor: threading.Thread | None = None
         self._threads: dict[int, threading.Thread] = {}
         metrics.queue_max_bytes.labels(name).set(queue.max_disk_bytes)
+        if queue.take_damage_report() is not None:  # logged by the queue at open; counted here, once
+            metrics.queue_damaged_total.labels(name).inc()
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:

@@ -399,3 +399,16 @@ def test_an_oversized_entry_that_does_not_parse_is_dropped_as_malformed_not_retr
     assert wait_until(lambda: r.queue.shards() == [], timeout=5)
     assert r.transport.bodies == []
     assert r.value("samples_failed_total", reason="malformed") == 5
+
+
+def test_a_damaged_queue_is_counted_once_in_gpu_relay_queue_damaged_total(tmp_path: Path) -> None:
+    path = tmp_path / "amp.queue.db"
+    path.write_bytes(b"this is not a database" * 400)
+    queue = DurableQueue(path, 64 << 20)
+    metrics = RelayMetrics(CollectorRegistry())
+    try:
+        Sender("amp", "http://x/w", queue, Recorder(), SenderSettings(), metrics)
+        Sender("amp", "http://x/w", queue, Recorder(), SenderSettings(), metrics)  # a reload's new sender
+        assert metrics.registry.get_sample_value("gpu_relay_queue_damaged_total", {"destination": "amp"}) == 1
+    finally:
+        queue.close()
