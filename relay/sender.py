@@ -28,7 +28,14 @@ timestamps (what the destination rejects as too old), not from when they were qu
 
 Failures are logged at WARNING at most once a minute per (destination, reason), with the HTTP
 body's first line and a count of what was suppressed (relay.ratelog); ``last_success`` and
-``last_error`` are plain attributes for the report and the status page.
+``last_error`` are plain attributes for the report and the status page. A 2xx (or a final 4xx)
+whose RW 2.0 written-count headers say fewer samples were written counts only the rest as failed
+(reason ``partial``).
+
+Reload: ``stop()`` returns True only once no request of this sender is in flight and none can
+start, so a new sender on the same queue never sends the same entries concurrently; a new sender
+built with ``drain_first=queue.last_id()`` after a ``max_shards`` change first ships every older
+entry in id order (the barrier that keeps per-series order).
 """
 
 from __future__ import annotations
