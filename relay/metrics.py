@@ -84,12 +84,28 @@ class RelayMetrics:
             ["destination", "reason"], registry=registry,
         )
         self.samples_retried_total = Counter(
-            p + "samples_retried", "Samples sent again after a retryable failure (counted per retry).",
-            ["destination"], registry=registry,
+            p + "samples_retried", "Samples sent again after a retryable failure (counted per retry), "
+            "by reason (http_<code>, network, expired_token).",
+            ["destination", "reason"], registry=registry,
         )
         self.send_duration_seconds = Histogram(
             p + "send_duration_seconds", "Duration of one remote-write HTTP request, any outcome.",
             ["destination"], buckets=SEND_DURATION_BUCKETS, registry=registry,
+        )
+
+        # queue and sender (relay-queue helper's block)
+        self.last_send_success_timestamp_seconds = Gauge(
+            p + "last_send_success_timestamp_seconds", "Unix time of the last 2xx from a destination.",
+            ["destination"], registry=registry,
+        )
+        self.queue_max_bytes = Gauge(
+            p + "queue_max_bytes", "A destination's queue bound (max_disk): its files stay below it.",
+            ["destination"], registry=registry,
+        )
+        self.queue_damaged_total = Counter(
+            p + "queue_damaged", "Queue files found damaged or missing entries at open (set aside, "
+            "what SQLite could read salvaged; see the ERROR log line for what was lost).",
+            ["destination"], registry=registry,
         )
 
     def forget_destination(self, destination: str) -> None:
@@ -97,11 +113,12 @@ class RelayMetrics:
         for metric in (
             self.samples_kept_total, self.queue_samples, self.queue_bytes,
             self.oldest_queued_sample_age_seconds, self.samples_sent_total,
-            self.samples_retried_total, self.send_duration_seconds,
+            self.send_duration_seconds, self.last_send_success_timestamp_seconds, self.queue_max_bytes,
+            self.queue_damaged_total,
         ):
             with contextlib.suppress(KeyError):
                 metric.remove(destination)
-        for metric in (self.samples_dropped_total, self.samples_failed_total):
+        for metric in (self.samples_dropped_total, self.samples_failed_total, self.samples_retried_total):
             reasons = {
                 sample.labels["reason"]
                 for family in metric.collect()

@@ -5,84 +5,80 @@ Why SQLite and not append-only segments
     of one incoming request commit together or not at all), crash recovery that is decades old and
     fuzzed, random deletes for ack and for dropping the oldest entries, and a file we can inspect
     with the ``sqlite3`` shell. Segments would need our own framing, checksums, a torn-write
-    recovery path and a per-shard read offset index: more code to get wrong for a queue that only
-    has to keep up with one Prometheus's remote-write rate (see the report for measured figures).
+    recovery path and a per-shard read offset index.
 
 Durability: ``synchronous=FULL`` (default) vs ``NORMAL``
-    In WAL mode NORMAL already survives ``kill -9`` (a committed transaction sits in the WAL in
-    the OS page cache), but a kernel panic or power cut may lose the last commits. FULL fsyncs the
-    WAL on every commit, so an acknowledged request survives a node crash too. A 2xx tells
-    Prometheus it may forget the data, so FULL is the default; ``durability="normal"`` is there
-    for disks where fsync is too slow and node crashes are an accepted risk.
+    FULL fsyncs the WAL on every commit, so an acknowledged request survives a node crash too.
+    ``durability="normal"`` survives ``kill -9`` but may lose the last commits on a power cut.
 
 Group commit
-    The fsync is the cost, not the insert. Concurrent ``put`` calls join a pending list; whichever
-    caller finds no commit in progress becomes the leader, writes every pending request in one
-    transaction, commits (one fsync) and wakes the others. Under N concurrent writers that is about
-    one fsync per round instead of N.
+    Concurrent ``put`` calls join a pending list; whichever caller finds no commit in progress
+    becomes the leader, writes every pending request in one transaction (one fsync) and wakes
+    the others.
 
-Bounded by max_disk
-    The bound applies to queued payload bytes plus a fixed per-entry overhead. A put that would
-    exceed it deletes the OLDEST entries (any shard) inside the same transaction and returns their
-    samples so the caller can count them as dropped (reason ``queue_full``). Acked and dropped rows
-    are deleted; ``auto_vacuum=INCREMENTAL`` gives free pages back to the file system so the file
-    tracks the queue instead of its high-water mark. Ids come from AUTOINCREMENT, so an id is never
-    reused: a late ``ack`` of a row that was already dropped can never delete a newer row.
+Bounded by max_disk (see relay.queue_files for the disk plan)
+    Payload plus ENTRY_OVERHEAD_BYTES per entry stays under max_disk, and from 4 MiB on the pages
+    of the files too. A put that does not fit deletes the OLDEST entries (any shard) in the same
+    transaction and returns their samples (reason ``queue_full``); it never deletes what is being
+    stored, nor an entry a sender holds (peeked, not yet acked), so the count is exactly what was
+    lost. Pieces that alone exceed the bound raise RequestTooLargeError (the service answers 413).
+
+Faults
+    A write that cannot be made durable raises StorageError (the real SQLite error, never one from
+    a failing ROLLBACK). An ack that cannot be written is kept in memory: those entries are never
+    handed out again, and the delete is retried on the next put or ack. On a full volume the
+    ``.reserve`` file (from 4 MiB) is given back so that the WAL can be checkpointed and acks
+    written; puts stay refused until the sender's acks freed twice its size, then go on (no 503
+    forever, and what the reserve freed is not eaten by new data). Ids come from
+    AUTOINCREMENT, so an id is never reused: a late ack can never delete a newer row. A damaged
+    file is set aside at open (relay.queue_files) and reported once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-ENTRY_OVERHEAD_BYTES = 64  # row header, index entry and page slack per entry, for the max_disk bound
-_VACUUM_FREE_PAGES = 1024  # give pages back once this many are free (4 MiB with 4 KiB pages)
+from relay import queue_files as qf
+from relay import queue_open as qo
+from relay.queue_files import DiskPlan, OpenReport
+from relay.queue_state import QueueState
+from relay.queue_types import (
+    ENTRY_OVERHEAD_BYTES,
+    Entry,
+    Piece,
+    QueueError,
+    QueueOpenError,
+    RequestTooLargeError,
+    StorageError,
+    check_pieces,
+)
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS entries (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    shard INTEGER NOT NULL,
-    samples INTEGER NOT NULL,
-    enqueued_at REAL NOT NULL,
-    payload BLOB NOT NULL
-);
-CREATE INDEX IF NOT EXISTS entries_shard ON entries (shard, id);
-"""
+__all__ = ["ENTRY_OVERHEAD_BYTES", "DurableQueue", "Entry", "Piece", "QueueError", "QueueOpenError",
+           "RequestTooLargeError", "StorageError"]
 
+log = logging.getLogger(__name__)
 
-class QueueError(ValueError):
-    """A bad argument to the queue; carries the offending value."""
-
-    def __init__(self, message: str, value: object) -> None:
-        super().__init__(f"{message}: {value!r}")
-        self.value = value
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    id: int
-    shard: int
-    payload: bytes
-    samples: int
-    enqueued_at: float
+_MARK_EVERY_S = 1.0
 
 
 class _Pending:
     __slots__ = ("done", "dropped", "error", "pieces")
 
-    def __init__(self, pieces: Sequence[tuple[int, bytes, int]]) -> None:
+    def __init__(self, pieces: list[Piece]) -> None:
         self.pieces = pieces
         self.done = False
         self.dropped = 0
         self.error: BaseException | None = None
 
 
-class DurableQueue:
+class DurableQueue(QueueState):
     """Sharded FIFO on one SQLite file. Thread-safe; one consumer per shard."""
 
     def __init__(
@@ -92,57 +88,99 @@ class DurableQueue:
         clock: Callable[[], float] = time.time,
         *,
         durability: Literal["full", "normal"] = "full",
+        name: str | None = None,
+        on_damaged: Callable[[OpenReport], None] | None = None,
+        connection_factory: type[sqlite3.Connection] = sqlite3.Connection,
     ) -> None:
         if max_disk_bytes <= 0:
             raise QueueError("max_disk_bytes must be positive", max_disk_bytes)
         if durability not in ("full", "normal"):
             raise QueueError("durability must be 'full' or 'normal'", durability)
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.max_disk_bytes = max_disk_bytes
+        self.name = name or self.path.name.removesuffix(".queue.db").removesuffix(".db")
+        self.max_disk_bytes = max_disk_bytes  # sets self.plan
         self._clock = clock
         self._sync = durability.upper()
-        self._wdb = self._connect()
-        self._rdb = self._connect()
+        self._factory = connection_factory
         self._wlock = threading.Lock()  # the write connection
         self._rlock = threading.Lock()  # the read connection
-        self._cond = threading.Condition()  # guards everything below
+        super().__init__()
         self._pending: list[_Pending] = []
         self._committing = False
-        self._closed = False
-        self._samples = 0
-        self._bytes = 0
-        self._entries: dict[int, int] = {}  # shard -> entries queued
-        self._put_seq: dict[int, int] = {}  # shard -> puts so far (1 at open when it has entries)
-        self._seen_seq: dict[int, int] = {}  # shard -> _put_seq at its last peek
-        for shard, count, samples, nbytes in self._rdb.execute(
-            "SELECT shard, COUNT(*), SUM(samples), SUM(LENGTH(payload)) FROM entries GROUP BY shard"
-        ):
-            self._entries[shard] = count
-            self._put_seq[shard] = 1
-            self._samples += samples
-            self._bytes += nbytes
+        self._mark_at = 0.0
+        self._damage_taken = False
+        self.report = self._open(on_damaged)
 
+    def take_damage_report(self) -> OpenReport | None:
+        """The open report if the file was damaged or lost entries, once (the sender counts it in
+        gpu_relay_queue_damaged_total when it is built; a later sender on the same queue does not)."""
+        with self._cond:
+            if self._damage_taken or not (self.report.damaged or self.report.problems):
+                return None
+            self._damage_taken = True
+            return self.report
+
+    @property
+    def max_disk_bytes(self) -> int:
+        return self._max_disk
+
+    @max_disk_bytes.setter
+    def max_disk_bytes(self, value: int) -> None:
+        """Changing the bound on a running queue (reload) takes effect at the next put."""
+        if value <= 0:
+            raise QueueError("max_disk_bytes must be positive", value)
+        self._max_disk = value
+        self.plan = DiskPlan.for_max_disk(value)
+
+    # -- opening (relay.queue_open) ----------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
-        db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # only takes effect on a new file: set first
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute(f"PRAGMA synchronous={self._sync}")
-        db.execute("PRAGMA journal_size_limit=67108864")
-        db.executescript(_SCHEMA)
-        return db
+        return qo.connect(self.path, self._factory, self._sync, self.plan)
+
+    def _open(self, on_damaged: Callable[[OpenReport], None] | None) -> OpenReport:
+        report = OpenReport()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            mark = qf.read_mark(self.path)
+            self._wdb, self._rdb = qo.open_or_recover(self.path, self._connect, self._clock(),
+                                                      self.max_disk_bytes, report, mark)
+            got = qo.load(self._rdb, self._clock(), report)
+            self._last_id = qo.check_mark(self._wdb, mark, got.last_id, report)
+        except (OSError, sqlite3.Error) as e:
+            raise QueueOpenError(
+                f"destination {self.name!r}: cannot open its queue file {self.path} ({e}); make sure "
+                "storage.path is a writable directory with free space", str(self.path)) from None
+        self._entries, self._shard_samples = got.entries, got.shard_samples
+        self._samples, self._bytes = got.samples, got.nbytes
+        self._put_seq = dict.fromkeys(got.entries, 1)
+        if self._last_id != got.last_id:
+            self._write_mark()
+        self._reserve = qf.make_reserve(self.path, self.plan.reserve_bytes)
+        self._need_reserve = False
+        qo.log_report(self.name, report)
+        if (report.damaged or report.problems) and on_damaged is not None:
+            on_damaged(report)
+        return report
 
     # -- writing ---------------------------------------------------------------------------------
-    def put(self, pieces: Sequence[tuple[int, bytes, int]]) -> int:
-        """Store all pieces (shard, payload, samples) in one transaction; durable on return.
-
-        Returns the samples of the oldest entries deleted to stay under max_disk (0 normally)."""
-        for shard, payload, samples in pieces:
-            if shard < 0 or samples < 0 or not isinstance(payload, bytes | bytearray | memoryview):
-                raise QueueError("bad queue piece (shard, payload, samples)", (shard, type(payload), samples))
-        if not pieces:
+    def put(self, pieces: Sequence[Sequence[object]]) -> int:
+        """Store all pieces (shard, payload, samples, oldest_ts_ms) in one transaction; durable on
+        return. Returns the samples of the oldest entries deleted to make room (0 normally)."""
+        checked = check_pieces(pieces)
+        if not checked:
             return 0
-        me = _Pending(pieces)
+        cost = sum(len(p[1]) + ENTRY_OVERHEAD_BYTES for p in checked)
+        limit = self.max_disk_bytes if self.plan.db_pages is None else min(
+            self.max_disk_bytes, self.plan.db_pages * qf.PAGE_SIZE)
+        if cost > limit:
+            raise RequestTooLargeError(f"queue {self.name}: request needs more than max_disk "
+                                       f"({limit} bytes) on its own", cost)
+        if self._need_reserve:  # the volume filled up: wait until acks gave space back (and then some)
+            size = self.plan.reserve_bytes
+            if qf.free_bytes(self.path) < 2 * size or not qf.make_reserve(self.path, size):
+                raise StorageError(f"queue {self.name}: the volume is full; waiting for sent entries to "
+                                   "free space", str(self.path))
+            self._need_reserve, self._reserve = False, True
+        me = _Pending(checked)
         with self._cond:
             if self._closed:
                 raise QueueError("queue is closed", str(self.path))
@@ -155,10 +193,13 @@ class DurableQueue:
             batch, self._pending = self._pending, []
         try:
             self._commit(batch)
-        except BaseException as e:
+        except Exception as e:  # disk full, I/O error, ...: one StorageError, the real cause in its text
+            if isinstance(e, sqlite3.Error | OSError):
+                self._make_room()
+            err = e if isinstance(e, QueueError) else StorageError(
+                f"queue {self.name}: cannot store the request ({type(e).__name__}: {e})", str(self.path))
             for p in batch:
-                p.error = e
-            raise
+                p.error = err
         finally:
             with self._cond:
                 self._committing = False
@@ -176,152 +217,238 @@ class DurableQueue:
     def _commit(self, batch: list[_Pending]) -> None:
         """One transaction (one fsync) for every pending put; the leader runs this."""
         now = self._clock()
-        added: dict[int, int] = {}
-        removed: dict[int, int] = {}
+        added: dict[int, list[int]] = {}  # shard -> [entries, samples]
+        removed: dict[int, list[int]] = {}
+        freed_delivered: set[int] = set()
         d_samples = d_bytes = 0
-        with self._wlock:
+        with self._wlock, contextlib.ExitStack() as readers:
             db = self._wdb
-            db.execute("BEGIN IMMEDIATE")
+            self._flush_delivered(db)
+            holding: list[bool] = []
+
+            def hold_readers() -> None:
+                """Before the first delete: no peek until COMMIT (a consumer that read a row we delete
+                would deliver what queue_full counts as lost)."""
+                if not holding:
+                    readers.enter_context(self._rlock)
+                    holding.append(True)
+
             try:
+                db.execute("BEGIN IMMEDIATE")
+                first_id: int | None = None
+                last_id = 0
                 for p in batch:
-                    for shard, payload, samples in p.pieces:
-                        db.execute(
-                            "INSERT INTO entries (shard, samples, enqueued_at, payload) VALUES (?, ?, ?, ?)",
-                            (shard, samples, now, bytes(payload)),
-                        )
-                        added[shard] = added.get(shard, 0) + 1
+                    for shard, payload, samples, oldest in p.pieces:
+                        cur = db.execute(
+                            "INSERT INTO entries (shard, samples, enqueued_at, oldest_ts, payload) "
+                            "VALUES (?, ?, ?, ?, ?)", (shard, samples, now, oldest, payload))
+                        first_id = first_id if first_id is not None else cur.lastrowid
+                        last_id = cur.lastrowid or 0
+                        a = added.setdefault(shard, [0, 0])
+                        a[0] += 1
+                        a[1] += samples
                         d_samples += samples
                         d_bytes += len(payload)
-                    rs, rb = self._trim(db, d_samples, d_bytes, removed, added)
+                    rs, rb = self._trim(db, d_bytes, added, removed, first_id or 0, freed_delivered, hold_readers)
                     p.dropped = rs
-                    d_samples -= rs
                     d_bytes -= rb
                 db.execute("COMMIT")
+                readers.close()
             except BaseException:
-                db.execute("ROLLBACK")
+                self._rollback(db)  # never masks the real error
+                readers.close()
                 raise
+            d_samples -= sum(r[1] for r in removed.values())
             with self._cond:
                 self._samples += d_samples
                 self._bytes += d_bytes
-                for shard, n in added.items():
-                    self._entries[shard] = self._entries.get(shard, 0) + n - removed.pop(shard, 0)
-                    self._put_seq[shard] = self._put_seq.get(shard, 0) + 1
-                for shard, n in removed.items():
-                    self._entries[shard] = self._entries.get(shard, 0) - n
-                self._forget_empty()
+                self._delivered -= freed_delivered
+                self._apply_added(added)
+                self._apply_removed(removed)
+                self._last_id = max(self._last_id, last_id)
                 self._cond.notify_all()
-            self._maybe_vacuum(db)
+            self._maintain(db)
 
-    def _trim(
-        self,
-        db: sqlite3.Connection,
-        d_samples: int,
-        d_bytes: int,
-        removed: dict[int, int],
-        added: dict[int, int],
-    ) -> tuple[int, int]:
-        """Delete oldest entries until the queue fits max_disk. Returns (samples, bytes) freed."""
-        with self._cond:
-            entries = sum(self._entries.values()) + sum(added.values()) - sum(removed.values())
-            used = self._bytes + d_bytes + ENTRY_OVERHEAD_BYTES * entries
-        excess = used - self.max_disk_bytes
+    def _trim(self, db: sqlite3.Connection, d_bytes: int, added: dict[int, list[int]],
+              removed: dict[int, list[int]], first_own: int, freed_delivered: set[int],
+              hold_readers: Callable[[], None]) -> tuple[int, int]:
+        """Delete the oldest entries until the queue fits; never rows of this commit (id >= first_own)
+        nor rows a consumer holds. Returns (samples, bytes) freed, delivered rows not counted.
+        Held and delivered ids are read under _cond for each chunk: an ack moves an id from one to
+        the other atomically, so a row is never counted lost when its sender has it."""
         freed_samples = freed_bytes = 0
-        while excess > 0:
-            rows = db.execute(
-                "SELECT id, shard, samples, LENGTH(payload) FROM entries ORDER BY id LIMIT 256"
-            ).fetchall()
-            if not rows:
+        after = 0
+        while True:
+            with self._cond:
+                entries = sum(self._entries.values()) + sum(a[0] for a in added.values()) - sum(
+                    r[0] for r in removed.values())
+                used = self._bytes + d_bytes - freed_bytes + ENTRY_OVERHEAD_BYTES * entries
+            excess = used - self.max_disk_bytes
+            if self.plan.db_pages is not None:
+                (pages,) = db.execute("PRAGMA page_count").fetchone()
+                (free,) = db.execute("PRAGMA freelist_count").fetchone()
+                excess = max(excess, (pages - free - self.plan.db_pages) * qf.PAGE_SIZE)
+            if excess <= 0:
                 break
+            hold_readers()
+            rows = db.execute("SELECT id, shard, samples, LENGTH(payload) FROM entries WHERE id > ? AND id < ? "
+                              "ORDER BY id LIMIT 256", (after, first_own)).fetchall()
+            if not rows:
+                break  # only held or new rows left: they leave soon (acked) or are what we store
+            with self._cond:
+                protected = set().union(*self._held.values())
+                delivered = set(self._delivered)
             cut = []
             for rid, shard, samples, nbytes in rows:
+                after = rid
+                if rid in protected:
+                    continue
                 cut.append(rid)
-                removed[shard] = removed.get(shard, 0) + 1
-                freed_samples += samples
+                r = removed.setdefault(shard, [0, 0])
+                r[0] += 1
+                r[1] += samples
                 freed_bytes += nbytes
+                if rid in delivered:  # already sent: leaves the depth, but was not lost
+                    freed_delivered.add(rid)
+                else:
+                    freed_samples += samples
                 excess -= nbytes + ENTRY_OVERHEAD_BYTES
                 if excess <= 0:
                     break
-            db.execute(f"DELETE FROM entries WHERE id IN ({','.join('?' * len(cut))})", cut)
+            if cut:
+                db.execute(f"DELETE FROM entries WHERE id IN ({','.join('?' * len(cut))})", cut)
         return freed_samples, freed_bytes
 
     def ack(self, ids: Sequence[int]) -> None:
-        """Delete entries (sent, or dropped by the sender). Unknown ids are ignored."""
-        if not ids:
-            return
-        removed: dict[int, int] = {}
-        d_samples = d_bytes = 0
+        """Delete entries (sent, or dropped by the sender). Unknown ids are ignored. Never raises for
+        a storage failure: the ids are kept and the delete retried; they are not handed out again."""
+        with self._cond:
+            if self._closed:
+                return
+            self._delivered.update(ids)
+            for held in self._held.values():
+                held.difference_update(ids)
         with self._wlock:
             if self._closed:
                 return
-            db = self._wdb
+            if not self._flush_delivered(self._wdb) and self._make_room(locked=True):
+                self._flush_delivered(self._wdb)
+            self._maintain(self._wdb)
+
+    def _make_room(self, locked: bool = False) -> bool:
+        """After a failed write: give the reserve back to the volume and move the WAL into the db, so
+        acks can be written and free pages for the next puts. True if the reserve was released."""
+        released = qf.release_reserve(self.path)
+        if released:
+            self._reserve = False
+            self._need_reserve = True  # no put until the reserve can be made again
+            log.debug("queue %s: write failed; released the disk reserve", self.name)
+        with contextlib.ExitStack() as stack:
+            if not locked:
+                stack.enter_context(self._wlock)
+            with self._rlock, contextlib.suppress(sqlite3.Error):
+                self._wdb.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return released
+
+    def _flush_delivered(self, db: sqlite3.Connection) -> bool:
+        """Write the deletes of acked entries. True if done (or nothing to do)."""
+        with self._cond:
+            ids = list(self._delivered)
+        if not ids:
+            return True
+        removed: dict[int, list[int]] = {}
+        d_bytes = 0
+        try:
             db.execute("PRAGMA synchronous=NORMAL")  # losing an ack on a crash only resends
-            try:
-                db.execute("BEGIN IMMEDIATE")
-                for i in range(0, len(ids), 500):
-                    chunk = list(ids[i : i + 500])
-                    for shard, samples, nbytes in db.execute(
-                        f"DELETE FROM entries WHERE id IN ({','.join('?' * len(chunk))}) "
-                        "RETURNING shard, samples, LENGTH(payload)",
-                        chunk,
-                    ).fetchall():
-                        removed[shard] = removed.get(shard, 0) + 1
-                        d_samples += samples
-                        d_bytes += nbytes
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                raise
-            finally:
+            db.execute("BEGIN IMMEDIATE")
+            for i in range(0, len(ids), 500):
+                chunk = ids[i : i + 500]
+                for shard, samples, nbytes in db.execute(
+                    f"DELETE FROM entries WHERE id IN ({','.join('?' * len(chunk))}) "
+                    "RETURNING shard, samples, LENGTH(payload)", chunk).fetchall():
+                    r = removed.setdefault(shard, [0, 0])
+                    r[0] += 1
+                    r[1] += samples
+                    d_bytes += nbytes
+            db.execute("COMMIT")
+        except sqlite3.Error as e:
+            self._rollback(db)
+            log.debug("queue %s: ack of %d entries not written yet (%s); will retry", self.name, len(ids), e)
+            return False
+        finally:
+            with contextlib.suppress(sqlite3.Error):
                 db.execute(f"PRAGMA synchronous={self._sync}")
-            with self._cond:
-                self._samples -= d_samples
-                self._bytes -= d_bytes
-                for shard, n in removed.items():
-                    self._entries[shard] = self._entries.get(shard, 0) - n
-                self._forget_empty()
-            self._maybe_vacuum(db)
+        with self._cond:
+            self._delivered.difference_update(ids)
+            self._samples -= sum(r[1] for r in removed.values())
+            self._bytes -= d_bytes
+            self._apply_removed(removed)
+        return True
 
-    def _forget_empty(self) -> None:
-        for shard in [s for s, n in self._entries.items() if n <= 0]:
-            del self._entries[shard]
+    def _rollback(self, db: sqlite3.Connection) -> None:
+        """After a failed write; never raises, never masks the real error. A connection stuck in a
+        transaction is replaced."""
+        if qo.rollback(db) and db is self._wdb:
+            with contextlib.suppress(sqlite3.Error):
+                db.close()
+                self._wdb = self._connect()
 
-    @staticmethod
-    def _maybe_vacuum(db: sqlite3.Connection) -> None:
-        (free,) = db.execute("PRAGMA freelist_count").fetchone()
-        if free >= _VACUUM_FREE_PAGES:
-            db.executescript("PRAGMA incremental_vacuum;")  # execute() would step (free) only one page
+    def _maintain(self, db: sqlite3.Connection) -> None:
+        """After a commit: give free pages back, keep the WAL small, refresh the mark. Best effort:
+        the data is already committed, so a failure here is not the caller's."""
+        try:
+            qo.upkeep(db, self.path, self.plan, self._rlock)
+        except (sqlite3.Error, OSError) as e:
+            log.debug("queue %s: maintenance skipped: %s", self.name, e)
+        now = time.monotonic()
+        if now - self._mark_at >= _MARK_EVERY_S:
+            self._mark_at = now
+            self._write_mark()
+
+    def _write_mark(self) -> None:
+        with self._cond:
+            last, entries, samples = self._last_id, sum(self._entries.values()), self._samples
+        qf.write_mark(self.path, last, entries, samples)
 
     # -- reading ---------------------------------------------------------------------------------
     def peek(self, shard: int, max_samples: int, max_entries: int = 1000) -> list[Entry]:
-        """Oldest entries of a shard, up to max_samples (always >= 1 entry if any are queued)."""
+        """Oldest entries of a shard, up to max_samples (always >= 1 entry if any are queued). The
+        shard's consumer holds them until acked or its next peek: queue_full never deletes them."""
+        return self._read(shard, "shard = ?", (shard,), max_samples, max_entries)
+
+    def peek_upto(self, max_id: int, max_samples: int, max_entries: int = 1000) -> list[Entry]:
+        """Oldest entries of ANY shard with id <= max_id, in id order: the barrier a change of the
+        shard count drains first, so per-series order holds across it (consumer key -1)."""
+        return self._read(-1, "id <= ?", (max_id,), max_samples, max_entries)
+
+    def _read(self, key: int, where: str, args: tuple[int, ...], max_samples: int, max_entries: int) -> list[Entry]:
         with self._cond:
             if self._closed:
                 return []
-            self._seen_seq[shard] = self._put_seq.get(shard, 0)
+            if key >= 0:
+                self._seen_seq[key] = self._put_seq.get(key, 0)
+            skip = set(self._delivered)
         out: list[Entry] = []
         total = 0
         with self._rlock:
             cur = self._rdb.execute(
-                "SELECT id, payload, samples, enqueued_at FROM entries WHERE shard = ? ORDER BY id LIMIT ?",
-                (shard, max(1, max_entries)),
-            )
-            for rid, payload, samples, enqueued_at in cur:
-                if out and total + samples > max_samples:
+                f"SELECT id, shard, payload, samples, enqueued_at, oldest_ts FROM entries WHERE {where} "
+                "ORDER BY id LIMIT ?", (*args, max(1, max_entries) + len(skip)))
+            for rid, shard, payload, samples, enqueued_at, oldest in cur:
+                if rid in skip:
+                    continue
+                if out and (total + samples > max_samples or len(out) >= max_entries):
                     break
-                out.append(Entry(rid, shard, bytes(payload), samples, enqueued_at))
+                out.append(Entry(rid, shard, bytes(payload), samples, enqueued_at, oldest))
                 total += samples
             cur.close()
+            with self._cond:  # still under the read lock: a trimming commit sees it (see _commit)
+                self._held[key] = {e.id for e in out}
         return out
 
-    def shards(self) -> list[int]:
-        with self._cond:
-            return sorted(self._entries)
-
-    def depth(self) -> tuple[int, int]:
-        """(samples, payload bytes) queued. Cheap: kept in memory; still answers after close."""
-        with self._cond:
-            return self._samples, self._bytes
+    def files_size(self) -> int:
+        """Bytes of the db, WAL and shm files: what max_disk bounds from 4 MiB on."""
+        return qf.files_size(self.path)
 
     def oldest_enqueued_at(self) -> float | None:
         with self._rlock:
@@ -330,18 +457,14 @@ class DurableQueue:
             row = self._rdb.execute("SELECT enqueued_at FROM entries ORDER BY id LIMIT 1").fetchone()
         return None if row is None else float(row[0])
 
-    def wait(self, shard: int, timeout: float) -> bool:
-        """Block until something was put for ``shard`` since its last ``peek`` (True), or timeout or
-        close (False). Entries present at open count as put, so a first wait returns at once."""
-        with self._cond:
-            return self._cond.wait_for(
-                lambda: self._closed or self._put_seq.get(shard, 0) != self._seen_seq.get(shard, 0),
-                timeout,
-            ) and not self._closed
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
+    def oldest_sample_time(self) -> float | None:
+        """Unix time of the oldest sample still queued (enqueue time for entries without one)."""
+        with self._rlock:
+            if self._closed:
+                return None
+            row = self._rdb.execute("SELECT MIN(CASE WHEN oldest_ts > 0 THEN oldest_ts / 1000.0 "
+                                    "ELSE enqueued_at END) FROM entries").fetchone()
+        return None if row is None or row[0] is None else float(row[0])
 
     def close(self) -> None:
         with self._cond:
@@ -349,8 +472,12 @@ class DurableQueue:
                 return
             while self._committing:
                 self._cond.wait()
-            self._closed = True
-            self._cond.notify_all()
+        with self._wlock:
+            self._flush_delivered(self._wdb)
+            with self._cond:
+                self._closed = True
+                self._cond.notify_all()
+            self._write_mark()
         with self._wlock, self._rlock:
             self._rdb.close()
             self._wdb.close()

@@ -14,13 +14,32 @@ Retry classes (DESIGN.md; reference §1, §5, §6):
   any other status                 drop the batch, count it as http_<status>
   oldest entry > max_sample_age    drop the batch, count it as too_old (so a 429 for a series
                                    limit cannot make us retry forever)
+  413                              split the batch in halves by series and retry each, down to one
+                                   series (then drop, counted as http_413)
 Backoff sleeps are on an Event, so ``stop()`` interrupts them; an interrupted batch stays queued.
-Entries are acked (deleted) once sent or dropped. ``send_batch`` never raises.
+Entries are acked (deleted) once sent or dropped, zero-sample (metadata) entries too, so nothing
+rejected stays at a shard's head. ``send_batch`` never raises.
+
+Batches: a batch goes out as soon as it is full (its samples reach max_samples_per_send, or more
+is queued than fits), else at batch_send_deadline after its oldest entry came in. No request
+carries more than max_samples_per_send samples: an entry larger than that is split by series
+(relay.rwsplit) without decoding samples. max_sample_age is measured from the samples' own
+timestamps (what the destination rejects as too old), not from when they were queued.
+
+Failures are logged at WARNING at most once a minute per (destination, reason), with the HTTP
+body's first line and a count of what was suppressed (relay.ratelog); ``last_success`` and
+``last_error`` are plain attributes for the report and the status page. A 2xx (or a final 4xx)
+whose RW 2.0 written-count headers say fewer samples were written counts only the rest as failed
+(reason ``partial``).
+
+Reload: ``stop()`` returns True only once no request of this sender is in flight and none can
+start, so a new sender on the same queue never sends the same entries concurrently; a new sender
+built with ``drain_first=queue.last_id()`` after a ``max_shards`` change first ships every older
+entry in id order (the barrier that keeps per-series order).
 """
 
 from __future__ import annotations
 
-import email.utils
 import logging
 import random
 import threading
@@ -30,18 +49,31 @@ from dataclasses import dataclass
 
 import snappy
 
+from relay import rwsplit
 from relay.metrics import RelayMetrics
+from relay.protowire import WireError
 from relay.queue import DurableQueue, Entry
-from relay.transport import Response, Transport
+from relay.ratelog import RateLimitedLog
+from relay.send_policy import (
+    EXPIRED_MARKERS,
+    JITTER,
+    RESERVED_HEADERS,
+    backoff_delay,
+    classify,
+    failure_reason,
+    first_line,
+    parse_retry_after,
+    request_headers,
+    written_count,
+)
+from relay.transport import CREDENTIALS_PREFIX, Response, Transport
+
+__all__ = ["EXPIRED_MARKERS", "JITTER", "RESERVED_HEADERS", "SendResult", "Sender", "SenderSettings",
+           "backoff_delay", "classify", "failure_reason", "first_line", "parse_retry_after",
+           "request_headers", "written_count"]
 
 log = logging.getLogger(__name__)
 
-REMOTE_WRITE_VERSION = "0.1.0"
-RESERVED_HEADERS = frozenset(
-    {"content-encoding", "content-type", "user-agent", "x-prometheus-remote-write-version", "retry-attempt"}
-)
-EXPIRED_MARKERS = ("expired", "expiredtoken")  # body checked lower-cased
-JITTER = 0.2
 _POLL = 0.2  # how often idle threads look at the stop flag and for new shards
 
 
@@ -59,57 +91,23 @@ class SenderSettings:
 class SendResult:
     ok: bool
     status: int  # last HTTP status, 0 for a network error
-    reason: str  # "sent", "http_<code>", "too_old", "shutdown"
+    reason: str  # "sent", "partial", "http_<code>", "too_old", "too_large" (split me), "shutdown"
     retried: int  # attempts after the first
     dropped_samples: int  # samples given up on (0 when sent or interrupted)
 
-
-def classify(status: int, body: bytes) -> str:
-    """'ok', 'retry', 'refresh' (403 expired token) or 'drop'."""
-    if 200 <= status < 300:
-        return "ok"
-    if status == 0 or status >= 500 or status in (408, 429):
-        return "retry"
-    if status == 403 and any(m in body.decode("utf-8", "replace").lower() for m in EXPIRED_MARKERS):
-        return "refresh"
-    return "drop"
-
-
-def parse_retry_after(value: str | None, now: float) -> float | None:
-    """Seconds to wait from a Retry-After header (delta-seconds or HTTP date); None if absent or bad."""
-    if value is None or not value.strip():
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        return None
-    return max(0.0, when.timestamp() - now)
-
-
-def backoff_delay(backoff: float, max_backoff: float, rnd: float) -> float:
-    """``backoff`` with +-JITTER jitter (rnd in [0, 1)), capped at max_backoff."""
-    return min(max_backoff, backoff * (1.0 - JITTER + 2 * JITTER * rnd))
-
-
-def request_headers(user: Mapping[str, str] | None, user_agent: str, attempt: int) -> dict[str, str]:
-    """User headers, then the reserved remote-write headers that users may not override."""
-    out = {k: v for k, v in (user or {}).items() if k.lower() not in RESERVED_HEADERS}
-    out["Content-Encoding"] = "snappy"
-    out["Content-Type"] = "application/x-protobuf"
-    out["User-Agent"] = user_agent
-    out["X-Prometheus-Remote-Write-Version"] = REMOTE_WRITE_VERSION
-    if attempt > 0:
-        out["Retry-Attempt"] = str(attempt)
-    return out
+    @property
+    def final(self) -> bool:
+        """Sent or given up on: its entries can be acked (False: interrupted, or to be split)."""
+        return self.reason not in ("shutdown", "too_large")
 
 
 class Sender:
-    """Ships one destination's queue. ``start`` is idempotent (safe to call after every reload)."""
+    """Ships one destination's queue. ``start`` is idempotent (safe to call after every reload).
+
+    ``drain_first``: entries with an id up to this one were sharded under another shard count;
+    they are shipped first, in id order, before any shard thread starts (the barrier that keeps
+    per-series order across a ``max_shards`` change; pass ``queue.last_id()`` taken before the
+    new sender is built)."""
 
     def __init__(
         self,
@@ -126,6 +124,8 @@ class Sender:
         *,
         sleep: Callable[[float], bool] | None = None,
         rng: random.Random | None = None,
+        drain_first: int | None = None,
+        log_clock: Callable[[], float] | None = None,
     ) -> None:
         self.name = name
         self.url = url
@@ -137,28 +137,44 @@ class Sender:
         self.auth_refresh = auth_refresh
         self.clock = clock
         self.user_agent = user_agent
+        self.drain_first = drain_first
+        self.last_success: float | None = None  # unix time of the last 2xx
+        self.last_error: tuple[float, str] | None = None  # (unix time, one-line reason)
+        self.failures = RateLimitedLog(log, clock=log_clock or clock)
         self._stop = threading.Event()
         self._sleep = sleep if sleep is not None else self._stop.wait
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
+        self._gate = threading.Condition()  # guards _in_flight; a request starts only if not stopped
+        self._in_flight = 0
         self._supervisor: threading.Thread | None = None
         self._threads: dict[int, threading.Thread] = {}
+        metrics.queue_max_bytes.labels(name).set(queue.max_disk_bytes)
+        if queue.take_damage_report() is not None:  # logged by the queue at open; counted here, once
+            metrics.queue_damaged_total.labels(name).inc()
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
         with self._lock:
             if self._supervisor is not None and self._supervisor.is_alive():
                 return
-            self._stop.clear()
+            with self._gate:
+                self._stop.clear()
             self._supervisor = threading.Thread(
                 target=self._supervise, name=f"sender-{self.name}", daemon=True
             )
             self._supervisor.start()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop all threads; interrupts backoff sleeps. A request in flight finishes (or times out)."""
-        self._stop.set()
-        deadline = time.monotonic() + timeout
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop all threads; interrupts backoff sleeps. Returns True once no request of this sender
+        is in flight and none can start any more (waits for one in flight up to ``timeout``,
+        default the request timeout + 1 s); False if one was still in flight then."""
+        with self._gate:
+            self._stop.set()  # from here on no request starts (checked under _gate)
+        limit = self.settings.timeout + 1.0 if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        with self._gate:
+            idle = self._gate.wait_for(lambda: self._in_flight == 0, limit)
         with self._lock:
             threads = [t for t in (self._supervisor, *self._threads.values()) if t is not None]
         for t in threads:
@@ -167,9 +183,21 @@ class Sender:
             self._threads = {s: t for s, t in self._threads.items() if t.is_alive()}
             if self._supervisor is not None and not self._supervisor.is_alive():
                 self._supervisor = None
+        if not idle:
+            log.warning("%s: a request was still in flight %.0fs after stop", self.name, limit,
+                        extra={"destination": self.name, "reason": "stop_timeout"})
+        return idle
+
+    @property
+    def in_flight(self) -> int:
+        with self._gate:
+            return self._in_flight
 
     def _supervise(self) -> None:
+        if self.drain_first is not None:
+            self._drain(self.drain_first)
         while not self._stop.is_set():
+            self.metrics.queue_max_bytes.labels(self.name).set(self.queue.max_disk_bytes)  # a reload may resize
             for shard in self.queue.shards():
                 with self._lock:
                     t = self._threads.get(shard)
@@ -182,6 +210,18 @@ class Sender:
                         t.start()
             self._stop.wait(_POLL)
 
+    def _drain(self, barrier: int) -> None:
+        """Ship every entry with id <= barrier, oldest first across shards, before the shard threads."""
+        while not self._stop.is_set():
+            try:
+                entries = self.queue.peek_upto(barrier, self.settings.max_samples_per_send)
+                if not entries:
+                    self.drain_first = None
+                    return
+                self._ship(entries)
+            except Exception as e:
+                self._unexpected(-1, e)
+
     # -- one shard -------------------------------------------------------------------------------
     def _run_shard(self, shard: int) -> None:
         s = self.settings
@@ -192,15 +232,26 @@ class Sender:
                     if not self.queue.wait(shard, _POLL) and self.queue.closed:
                         self._stop.wait(_POLL)
                     continue
-                samples = sum(e.samples for e in entries)
-                if samples < s.max_samples_per_send and self._more_before_deadline(shard, entries[0]):
+                if not self._full(shard, entries) and self._more_before_deadline(shard, entries[0]):
                     continue  # new entries came in: peek again for a fuller batch
                 if self._stop.is_set():
                     break
                 self._ship(entries)
-            except Exception:
-                log.exception("sender %s shard %d: unexpected error; retrying", self.name, shard)
-                self._stop.wait(1.0)
+            except Exception as e:
+                self._unexpected(shard, e)
+
+    def _unexpected(self, shard: int, e: Exception) -> None:
+        self.failures.warning((self.name, "internal"), "%s shard %d: unexpected %s: %s; retrying",
+                              self.name, shard, type(e).__name__, e,
+                              extra={"destination": self.name, "reason": "internal"})
+        self._stop.wait(1.0)
+
+    def _full(self, shard: int, entries: list[Entry]) -> bool:
+        """Send now: the batch reached max_samples_per_send, or more is queued than fits in it."""
+        if sum(e.samples for e in entries) >= self.settings.max_samples_per_send:
+            return True
+        queued, _ = self.queue.backlog(shard)
+        return queued > len(entries)
 
     def _more_before_deadline(self, shard: int, oldest: Entry) -> bool:
         """Wait for more entries while the oldest is younger than batch_send_deadline. True: more came;
@@ -216,15 +267,57 @@ class Sender:
         return False
 
     def _ship(self, entries: list[Entry]) -> None:
-        body = snappy.compress(b"".join(e.payload for e in entries))
-        samples = sum(e.samples for e in entries)
-        result = self.send_batch(body, samples, entries[0].enqueued_at)
-        if result.ok or result.dropped_samples:
-            self.queue.ack([e.id for e in entries])
+        """Send entries (split to max_samples_per_send) and ack them once each part is sent or given
+        up on; too-old entries are dropped (and acked) without sending."""
+        s = self.settings
+        cutoff = self.clock() - s.max_sample_age
+        stale = [e for e in entries if e.oldest_time < cutoff]
+        fresh = [e for e in entries if e.oldest_time >= cutoff]
+        if stale:
+            self._fail(sum(e.samples for e in stale), 0, "too_old", 0)
+            self.queue.ack([e.id for e in stale])
+        if not fresh:
+            return
+        payload = b"".join(e.payload for e in fresh)
+        samples = sum(e.samples for e in fresh)
+        oldest = min(e.oldest_time for e in fresh)
+        if samples <= s.max_samples_per_send:
+            parts = [(payload, samples)]
+        else:
+            try:
+                parts = rwsplit.chunks(payload, s.max_samples_per_send)
+            except WireError as e:
+                self._log_failure("malformed", f"{self.name}: dropping {samples} queued samples that do "
+                                  f"not parse as a WriteRequest: {e}")
+                self._fail(samples, 0, "malformed", 0)
+                self.queue.ack([e.id for e in fresh])
+                return
+        for part, n in parts:
+            if not self._send_splitting(part, n, oldest).final:
+                return  # stopping: the entries stay queued (parts already sent are resent: harmless)
+        self.queue.ack([e.id for e in fresh])
+
+    def _send_splitting(self, payload: bytes, samples: int, oldest: float) -> SendResult:
+        """send_batch; on a 413 send each half again, down to one series."""
+        try:
+            halves = rwsplit.halves(payload)
+        except WireError:
+            halves = None
+        result = self.send_batch(snappy.compress(payload), samples, oldest, splittable=halves is not None)
+        if result.reason != "too_large" or halves is None:
+            return result
+        self._log_failure("http_413", f"{self.name}: HTTP 413 for {samples} samples; splitting the batch")
+        for half, n in halves:
+            r = self._send_splitting(half, n, oldest)
+            if not r.final:
+                return r
+        return SendResult(True, 413, "split", result.retried, 0)
 
     # -- one batch -------------------------------------------------------------------------------
-    def send_batch(self, body: bytes, samples: int, oldest: float) -> SendResult:
-        """POST one snappy-compressed batch with retries; ``oldest`` is when its oldest entry came in."""
+    def send_batch(self, body: bytes, samples: int, oldest: float, *, splittable: bool = False) -> SendResult:
+        """POST one snappy-compressed batch with retries; ``oldest`` is the unix time of its oldest
+        sample. ``splittable``: a 413 returns reason "too_large" (nothing counted) for the caller
+        to split."""
         s = self.settings
         dest = self.name
         deadline = oldest + s.max_sample_age
@@ -234,55 +327,93 @@ class Sender:
         last_status = 0
         while True:
             if self.clock() > deadline:
-                log.warning("%s: dropping %d samples older than max_sample_age", dest, samples)
+                self._log_failure("too_old", f"{dest}: dropping {samples} samples older than max_sample_age")
                 return self._fail(samples, last_status, "too_old", attempt)
             resp = self._post(body, attempt)
+            if resp is None:
+                return SendResult(False, last_status, "shutdown", attempt, 0)
             last_status = resp.status
             kind = classify(resp.status, resp.body)
             if kind == "ok":
-                self.metrics.samples_sent_total.labels(dest).inc(samples)
-                return SendResult(True, resp.status, "sent", attempt, 0)
+                return self._sent(resp, samples, attempt)
+            reason = failure_reason(resp.status, resp.body)
+            self.last_error = (self.clock(), f"HTTP {resp.status}: {first_line(resp.body)}"
+                               if resp.status else
+                               f"{reason} error: {first_line(resp.body.removeprefix(CREDENTIALS_PREFIX))}")
+            if resp.status == 413 and splittable:
+                return SendResult(False, 413, "too_large", attempt, 0)
             if kind == "refresh" and not refreshed and self.auth_refresh is not None:
                 refreshed = True
-                log.warning("%s: 403 expired token; refreshing credentials and retrying", dest)
+                self._log_failure("expired_token", f"{dest}: HTTP 403 expired token; refreshing credentials "
+                                  f"and retrying: {first_line(resp.body)}")
                 try:
                     self.auth_refresh()
                 except Exception as e:
-                    log.warning("%s: credential refresh failed: %s", dest, type(e).__name__)
+                    self._log_failure("credentials", f"{dest}: credential refresh failed: {type(e).__name__}")
                 attempt += 1
-                self.metrics.samples_retried_total.labels(dest).inc(samples)
+                self.metrics.samples_retried_total.labels(dest, "expired_token").inc(samples)
                 continue
             if kind != "retry":
-                log.warning("%s: HTTP %d, dropping %d samples: %s", dest, resp.status, samples,
-                            _snippet(resp))
-                return self._fail(samples, resp.status, f"http_{resp.status}", attempt)
+                return self._rejected(resp, samples, attempt)
+            self._log_failure(reason, f"{dest}: {self.last_error[1]}; retrying")
             delay = backoff_delay(backoff, s.max_backoff, self._rng.random())
             retry_after = parse_retry_after(resp.headers.get("retry-after"), self.clock())
             if retry_after is not None:
                 delay = max(delay, retry_after)
             delay = min(delay, max(0.0, deadline - self.clock()) + 0.001)
-            log.debug("%s: HTTP %d (%s); retry %d in %.3fs", dest, resp.status, _snippet(resp),
-                      attempt + 1, delay)
             if self._sleep(delay):
                 return SendResult(False, resp.status, "shutdown", attempt, 0)
             backoff = min(backoff * 2, s.max_backoff)
             attempt += 1
-            self.metrics.samples_retried_total.labels(dest).inc(samples)
+            self.metrics.samples_retried_total.labels(dest, reason).inc(samples)
 
-    def _post(self, body: bytes, attempt: int) -> Response:
+    def _sent(self, resp: Response, samples: int, attempt: int) -> SendResult:
+        written = written_count(resp.headers)
+        ok = samples if written is None else min(samples, written)
+        self.metrics.samples_sent_total.labels(self.name).inc(ok)
+        now = self.clock()
+        self.last_success = now
+        self.metrics.last_send_success_timestamp_seconds.labels(self.name).set(now)
+        if ok < samples:
+            self._log_failure("partial", f"{self.name}: HTTP {resp.status} but only {ok} of {samples} "
+                              "samples written")
+            self.metrics.samples_failed_total.labels(self.name, "partial").inc(samples - ok)
+            return SendResult(True, resp.status, "partial", attempt, samples - ok)
+        return SendResult(True, resp.status, "sent", attempt, 0)
+
+    def _rejected(self, resp: Response, samples: int, attempt: int) -> SendResult:
+        """A final 4xx: drop the batch; samples the reply says were written count as sent."""
+        reason = failure_reason(resp.status)
+        written = min(samples, written_count(resp.headers) or 0)
+        if written:
+            self.metrics.samples_sent_total.labels(self.name).inc(written)
+        self._log_failure(reason, f"{self.name}: HTTP {resp.status}, dropping {samples - written} samples: "
+                          f"{first_line(resp.body)}")
+        return self._fail(samples - written, resp.status, reason, attempt)
+
+    def _post(self, body: bytes, attempt: int) -> Response | None:
+        """One request; None (nothing sent) once stop() was called."""
+        with self._gate:
+            if self._stop.is_set():
+                return None
+            self._in_flight += 1
         headers = request_headers(self.headers, self.user_agent, attempt)
         started = time.perf_counter()
         try:
             resp = self.transport.post(self.url, body, headers, self.settings.timeout)
         except Exception as e:  # a transport must not raise; treat it as a network error if it does
             resp = Response(0, {}, f"{type(e).__name__}: {e}".encode(errors="replace"))
+        finally:
+            with self._gate:
+                self._in_flight -= 1
+                self._gate.notify_all()
         self.metrics.send_duration_seconds.labels(self.name).observe(time.perf_counter() - started)
         return resp
 
+    def _log_failure(self, reason: str, text: str) -> None:
+        self.failures.warning((self.name, reason), "%s", text, extra={"destination": self.name, "reason": reason})
+
     def _fail(self, samples: int, status: int, reason: str, attempt: int) -> SendResult:
-        self.metrics.samples_failed_total.labels(self.name, reason).inc(samples)
+        if samples:
+            self.metrics.samples_failed_total.labels(self.name, reason).inc(samples)
         return SendResult(False, status, reason, attempt, samples)
-
-
-def _snippet(resp: Response) -> str:
-    return resp.body[:200].decode("utf-8", "replace").strip().replace("\n", " ")

@@ -7,10 +7,15 @@ ahead of expiry (advisory window 15 min, mandatory 10 min), so a long-running re
 with a stale token (prometheus/prometheus #15186, grafana/alloy #6235). ``force_refresh`` is the
 escape hatch after a 403 "security token ... expired" anyway (clock skew, revoked session).
 
-Signing uses requests-aws4auth's ``AWS4Auth(refreshable_credentials=...)``, which reads frozen
-credentials for every request. AWS4Auth keeps per-request state on the instance, so calls are
-serialised with a lock: one destination's shard threads share one signer. Secrets are never logged;
-``repr`` shows region, service, role and the credential method only.
+Static keys (``sigv4.access_key`` / ``secret_key``) are used as given when both are set.
+
+Signing takes a frozen copy of the credentials for each request and signs with a fresh
+requests-aws4auth ``AWS4Auth`` built from it: nothing mutable is shared between the shard threads,
+so no lock of ours is held while botocore refreshes credentials over the network. During botocore's
+advisory window one thread refreshes while the others keep signing with the still-valid
+credentials; ``force_refresh`` (after a 403 "expired") runs in the caller's thread and never blocks
+signing either. Secrets are never logged; ``repr`` shows region, service, role and the credential
+method only.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import threading
 from typing import Any
 
 import botocore.credentials
+import botocore.exceptions
 import botocore.session
 import requests
 from requests_aws4auth import AWS4Auth
@@ -33,9 +39,27 @@ class SigV4ConfigError(ValueError):
     """Signing cannot be set up (no region, no credentials); carries the field and value."""
 
     def __init__(self, message: str, field: str, value: object) -> None:
-        super().__init__(f"sigv4.{field}: {message}")
+        super().__init__(f"sigv4.{field}: {message}" if not message.startswith("destination ") else message)
+        self.message = message
         self.field = field
         self.value = value
+
+
+def from_config(destination: str, cfg: Any) -> SigV4Auth:
+    """SigV4Auth for a destination's ``sigv4:`` block; a failure is a SigV4ConfigError whose message
+    names the destination and what to do (the service prints it as one line, no traceback)."""
+    try:
+        return SigV4Auth(
+            region=cfg.region, service=cfg.service, profile=getattr(cfg, "profile", None),
+            role_arn=getattr(cfg, "role_arn", None), external_id=getattr(cfg, "external_id", None),
+            access_key=getattr(cfg, "access_key", None), secret_key=getattr(cfg, "secret_key", None),
+        )
+    except SigV4ConfigError as e:
+        raise SigV4ConfigError(f"destination {destination!r}: {e.message}", e.field, e.value) from None
+    except botocore.exceptions.BotoCoreError as e:  # ProfileNotFound, a broken config file, ...
+        raise SigV4ConfigError(
+            f"destination {destination!r}: cannot set up AWS credentials ({type(e).__name__}: {e}); "
+            "check sigv4.profile and the AWS config files", "credentials", None) from None
 
 
 class SigV4Auth(requests.auth.AuthBase):
@@ -49,6 +73,8 @@ class SigV4Auth(requests.auth.AuthBase):
         role_arn: str | None = None,
         external_id: str | None = None,
         session: botocore.session.Session | None = None,
+        access_key: str | None = None,
+        secret_key: str | None = None,
     ) -> None:
         if not region:
             raise SigV4ConfigError("a region is required (the workspace's region)", "region", region)
@@ -61,14 +87,23 @@ class SigV4Auth(requests.auth.AuthBase):
         if session is not None and profile:
             self._session.set_config_variable("profile", profile)
         self._external_id = external_id
-        self._lock = threading.Lock()
-        self.credentials = self._resolve(self._session.get_credentials())
-        self._signer = AWS4Auth(region=region, service=service, refreshable_credentials=self.credentials)
+        self._refresh_lock = threading.Lock()  # one force_refresh at a time; signing never takes it
+        if bool(access_key) != bool(secret_key):
+            raise SigV4ConfigError("access_key and secret_key must be given together (or neither: then the "
+                                   "default credential chain is used)", "access_key", None)
+        if access_key and secret_key:
+            self._static: Any = botocore.credentials.Credentials(access_key, secret_key, method="static-config")
+            self.credentials = self._resolve(self._static)
+        else:
+            self._static = None
+            self.credentials = self._resolve(self._session.get_credentials())
 
     def _resolve(self, base: Any) -> Any:
         if base is None:
             raise SigV4ConfigError(
-                "no AWS credentials found (env, profile, web identity, container, instance metadata)",
+                "no AWS credentials found (env, profile, web identity, container, instance metadata); "
+                "give the pod an IAM role (IRSA or EKS Pod Identity), or set sigv4.profile, or "
+                "sigv4.access_key and sigv4.secret_key",
                 "credentials",
                 None,
             )
@@ -97,29 +132,32 @@ class SigV4Auth(requests.auth.AuthBase):
         return str(getattr(self.credentials, "method", "unknown"))
 
     def __call__(self, r: requests.PreparedRequest) -> requests.PreparedRequest:
-        with self._lock:
-            signed: requests.PreparedRequest = self._signer(r)
-            return signed
+        frozen = self.credentials.get_frozen_credentials()  # botocore refreshes here if due
+        signer = AWS4Auth(frozen.access_key, frozen.secret_key, self.region, self.service,
+                          session_token=frozen.token)
+        signed: requests.PreparedRequest = signer(r)
+        return signed
 
     def force_refresh(self) -> None:
-        """Re-resolve credentials now (after a 403 'expired token'); never raises."""
-        with self._lock:
+        """Re-resolve credentials now (after a 403 'expired token'); never raises. Signing goes on
+        with the current credentials meanwhile."""
+        if not self._refresh_lock.acquire(blocking=False):
+            return  # another shard is refreshing already
+        try:
             creds = self.credentials
-            try:
-                refresh_lock = getattr(creds, "_refresh_lock", None)
-                protected_refresh = getattr(creds, "_protected_refresh", None)
-                if refresh_lock is not None and callable(protected_refresh):
-                    with refresh_lock:  # botocore's own refresh, forced past its expiry windows
-                        protected_refresh(is_mandatory=True)
-                else:  # static credentials: run the chain again (env or files may have changed)
-                    resolver = self._session.get_component("credential_provider")
-                    self.credentials = self._resolve(resolver.load_credentials())
-                    self._signer = AWS4Auth(
-                        region=self.region, service=self.service, refreshable_credentials=self.credentials
-                    )
-                log.info("sigv4 credentials refreshed (method %s)", self.method)
-            except Exception as e:  # keep the old credentials; the retry will tell
-                log.warning("sigv4 credential refresh failed: %s", type(e).__name__)
+            refresh_lock = getattr(creds, "_refresh_lock", None)
+            protected_refresh = getattr(creds, "_protected_refresh", None)
+            if refresh_lock is not None and callable(protected_refresh):
+                with refresh_lock:  # botocore's own refresh, forced past its expiry windows
+                    protected_refresh(is_mandatory=True)
+            elif self._static is None:  # chain credentials: run the chain again (env or files changed)
+                resolver = self._session.get_component("credential_provider")
+                self.credentials = self._resolve(resolver.load_credentials())
+            log.info("sigv4 credentials refreshed (method %s)", self.method)
+        except Exception as e:  # keep the old credentials; the retry will tell
+            log.warning("sigv4 credential refresh failed: %s", type(e).__name__)
+        finally:
+            self._refresh_lock.release()
 
     def __repr__(self) -> str:
         return (

@@ -1,8 +1,9 @@
 """The HTTP seam under the sender: a Protocol, and the requests-based implementation.
 
 The sender only sees ``Response(status, headers, body)``; a network error (or a credential
-lookup that failed while signing) is ``status == 0`` with the error text as body, so the sender
-can treat it as retryable without knowing about requests or botocore. Tests script a fake.
+lookup that failed while signing) is ``status == 0`` with the error text as body (prefixed
+``credentials: `` for a botocore error), so the sender can treat it as retryable, and log it under
+the right reason, without knowing about requests or botocore. Tests script a fake.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import requests.adapters
 log = logging.getLogger(__name__)
 
 NETWORK_ERROR = 0
+CREDENTIALS_PREFIX = b"credentials: "  # body of a status-0 answer when signing could not get credentials
 _MAX_ERROR_BODY = 4096
 
 
@@ -52,7 +54,8 @@ class RequestsTransport:
                 url, data=body, headers=dict(headers), timeout=timeout, auth=self.auth, allow_redirects=False
             )
         except Exception as e:  # connection/timeout, credential resolution inside auth (botocore), ...
-            return Response(NETWORK_ERROR, {}, _error_text(e))
+            prefix = CREDENTIALS_PREFIX if type(e).__module__.startswith("botocore") else b""
+            return Response(NETWORK_ERROR, {}, prefix + _error_text(e))
         body = r.content[:_MAX_ERROR_BODY] if r.status_code >= 300 else b""
         return Response(r.status_code, {k.lower(): v for k, v in r.headers.items()}, body)
 

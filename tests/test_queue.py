@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.queue import ENTRY_OVERHEAD_BYTES, DurableQueue, Entry, QueueError
+from relay.queue import ENTRY_OVERHEAD_BYTES, DurableQueue, Entry, QueueError, RequestTooLargeError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -105,8 +105,8 @@ def test_put_is_atomic_and_reopen_restores_depth_and_shards(tmp_path: Path) -> N
 
 @pytest.mark.parametrize(
     "pieces",
-    [[(-1, b"x", 1)], [(0, "text", 1)], [(0, b"x", -1)]],
-    ids=["negative-shard", "str-payload", "negative-samples"],
+    [[(-1, b"x", 1)], [(0, "text", 1)], [(0, b"x", -1)], [(0, b"x", 1, -5)], [(0, b"x", 1, "0")]],
+    ids=["negative-shard", "str-payload", "negative-samples", "negative-oldest", "str-oldest"],
 )
 def test_bad_pieces_are_value_errors(queue: DurableQueue, pieces: list[tuple[int, object, int]]) -> None:
     with pytest.raises(ValueError, match="bad queue piece"):
@@ -143,12 +143,54 @@ def test_full_queue_drops_oldest_entries_first_across_shards_and_counts_them(tmp
     q.close()
 
 
-def test_a_put_larger_than_max_disk_drops_itself_too(tmp_path: Path) -> None:
+def test_a_put_larger_than_max_disk_alone_is_request_too_large_and_keeps_the_queue(tmp_path: Path) -> None:
+    # issue 8 defect 8 changed this: it used to drop everything queued and itself too (a 2xx for nothing)
     q = DurableQueue(tmp_path / "q.db", 1000)
-    q.put([(0, b"a" * 500, 5)])
-    assert q.put([(0, b"b" * 5000, 50)]) == 55
-    assert q.depth() == (0, 0) and q.shards() == []
+    q.put([(0, b"a" * 500, 5, 0)])
+    with pytest.raises(RequestTooLargeError) as e:
+        q.put([(0, b"b" * 5000, 50, 0)])
+    assert isinstance(e.value, QueueError) and e.value.value == 5000 + ENTRY_OVERHEAD_BYTES
+    assert q.depth() == (5, 500) and payloads(q.peek(0, 100)) == [b"a" * 500]
     q.close()
+
+
+def test_queue_full_drops_the_oldest_entries_never_the_request_being_stored(tmp_path: Path) -> None:
+    entry = 400 + ENTRY_OVERHEAD_BYTES
+    q = DurableQueue(tmp_path / "q.db", 3 * entry)
+    assert q.put([(0, b"a" * 400, 1, 0), (1, b"b" * 400, 2, 0)]) == 0
+    # three pieces of one request fill the queue alone: both old entries go, all three stay
+    assert q.put([(0, b"c" * 400, 4, 0), (1, b"d" * 400, 8, 0), (2, b"e" * 400, 16, 0)]) == 3
+    assert q.depth() == (28, 1200)
+    assert [e.payload[:1] for s in q.shards() for e in q.peek(s, 100)] == [b"c", b"d", b"e"]
+    q.close()
+
+
+def test_queue_full_never_deletes_entries_a_sender_holds_so_the_drop_count_is_exact(tmp_path: Path) -> None:
+    # issue 8 defect 20: trimming rows a sender held counted them as lost, then they were delivered anyway
+    entry = 100 + ENTRY_OVERHEAD_BYTES
+    q = DurableQueue(tmp_path / "q.db", 3 * entry)
+    q.put([(0, b"h" * 100, 5, 0), (1, b"o" * 100, 7, 0)])
+    held = q.peek(0, 100)  # a sender has shard 0's entry in flight
+    assert q.put([(1, b"n" * 100, 1, 0), (1, b"m" * 100, 1, 0)]) == 7  # only the unheld entry is lost
+    q.ack([e.id for e in held])  # ... and the held one is delivered
+    assert q.depth() == (2, 200)
+    assert payloads(q.peek(1, 100)) == [b"n" * 100, b"m" * 100]
+    q.close()
+
+
+def test_piece_carries_the_oldest_sample_timestamp_and_entries_expose_it(queue: DurableQueue) -> None:
+    queue.put([(0, b"x", 2, 1_700_000_000_123), (0, b"meta", 0, 0)])
+    first, meta = queue.peek(0, 100)
+    assert (first.oldest_ts_ms, first.oldest_time) == (1_700_000_000_123, 1_700_000_000.123)
+    assert (meta.samples, meta.oldest_ts_ms, meta.oldest_time) == (0, 0, 1000.0)  # none: enqueue time
+    assert queue.oldest_sample_time() == 1000.0
+
+
+def test_zero_sample_metadata_entries_are_stored_and_acked_like_any_entry(queue: DurableQueue) -> None:
+    queue.put([(0, b"metadata", 0, 0)])
+    [e] = queue.peek(0, 10)
+    queue.ack([e.id])
+    assert queue.peek(0, 10) == [] and queue.shards() == [] and queue.depth() == (0, 0)
 
 
 def test_late_ack_of_an_entry_dropped_for_space_does_not_corrupt_depth(tmp_path: Path) -> None:
@@ -272,3 +314,17 @@ def test_every_acknowledged_put_survives_sigkill(tmp_path: Path) -> None:
         assert heads == tails  # each put is all-or-nothing across shards
     finally:
         q.close()
+
+
+def test_max_disk_changed_on_a_running_queue_bounds_the_next_put(tmp_path: Path) -> None:
+    entry = 100 + ENTRY_OVERHEAD_BYTES
+    q = DurableQueue(tmp_path / "amp.prod.queue.db", 10 * entry)
+    assert q.name == "amp.prod"  # a dot in a destination name is kept
+    for i in range(6):
+        q.put([(0, bytes([i]) * 100, 1, 0)])
+    q.max_disk_bytes = 3 * entry  # a reload shrank it
+    assert q.put([(0, b"\x09" * 100, 1, 0)]) == 4
+    assert [e.payload[0] for e in q.peek(0, 100)] == [4, 5, 9]
+    with pytest.raises(QueueError):
+        q.max_disk_bytes = 0
+    q.close()

@@ -1,0 +1,69 @@
+"""The in-memory side of a DurableQueue: counts per shard, put sequence numbers for waiting
+consumers, the ids consumers hold and the acks not yet written. One Condition guards it all, so
+depth, shards and wait never touch SQLite (they answer even after close)."""
+
+from __future__ import annotations
+
+import threading
+
+
+class QueueState:
+    def __init__(self) -> None:
+        self._cond = threading.Condition()  # guards everything below
+        self._closed = False
+        self._samples = 0
+        self._bytes = 0
+        self._entries: dict[int, int] = {}  # shard -> entries queued
+        self._shard_samples: dict[int, int] = {}  # shard -> samples queued
+        self._put_seq: dict[int, int] = {}  # shard -> puts so far (1 at open when it has entries)
+        self._seen_seq: dict[int, int] = {}  # shard -> _put_seq at its last peek
+        self._held: dict[int, set[int]] = {}  # consumer key -> ids handed out and not yet acked
+        self._delivered: set[int] = set()  # acked ids whose delete could not be written yet
+        self._last_id = 0
+
+    def _apply_added(self, added: dict[int, list[int]]) -> None:
+        """Under _cond: shard -> [entries, samples] committed; wakes the shards' consumers."""
+        for shard, (n, s) in added.items():
+            self._entries[shard] = self._entries.get(shard, 0) + n
+            self._shard_samples[shard] = self._shard_samples.get(shard, 0) + s
+            self._put_seq[shard] = self._put_seq.get(shard, 0) + 1
+
+    def _apply_removed(self, removed: dict[int, list[int]]) -> None:
+        for shard, (n, s) in removed.items():
+            self._entries[shard] = self._entries.get(shard, 0) - n
+            self._shard_samples[shard] = self._shard_samples.get(shard, 0) - s
+            if self._entries[shard] <= 0:
+                self._entries.pop(shard, None)
+                self._shard_samples.pop(shard, None)
+
+    def last_id(self) -> int:
+        """The newest id committed so far (the barrier for peek_upto)."""
+        with self._cond:
+            return self._last_id
+
+    def backlog(self, shard: int) -> tuple[int, int]:
+        """(entries, samples) queued for a shard, delivered-but-unwritten acks included."""
+        with self._cond:
+            return self._entries.get(shard, 0), self._shard_samples.get(shard, 0)
+
+    def shards(self) -> list[int]:
+        with self._cond:
+            return sorted(self._entries)
+
+    def depth(self) -> tuple[int, int]:
+        """(samples, payload bytes) queued. Cheap: kept in memory; still answers after close."""
+        with self._cond:
+            return self._samples, self._bytes
+
+    def wait(self, shard: int, timeout: float) -> bool:
+        """Block until something was put for ``shard`` since its last ``peek`` (True), or timeout or
+        close (False). Entries present at open count as put, so a first wait returns at once."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: self._closed or self._put_seq.get(shard, 0) != self._seen_seq.get(shard, 0),
+                timeout,
+            ) and not self._closed
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
