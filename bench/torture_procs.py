@@ -127,13 +127,14 @@ class Relay:
         max_sample_age: str = "1h",
         max_disk: str = "1GiB",
         queue_dir: Path | None = None,
+        read_timeout: str = "30s",
     ) -> None:
         self.port = free_port()
         self.queue_dir = queue_dir or work / "queue"
         self.config = work / "relay.yaml"
         self.log = work / "relay.log"
         self.config.write_text(
-            f"server: {{listen: 127.0.0.1:{self.port}}}\n"
+            f"server: {{listen: 127.0.0.1:{self.port}, read_timeout: {read_timeout}}}\n"
             f"storage: {{path: {self.queue_dir}}}\n"
             "destinations:\n"
             "  - name: vm\n"
