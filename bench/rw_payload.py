@@ -52,7 +52,7 @@ def gpu_series(n: int) -> Iterator[Series]:
 
 
 def other_series(n: int, count: int) -> Iterator[Series]:
-    """``count`` node-exporter-like series of node ``n`` (per-CPU/per-mode counters, then a few gauges)."""
+    """``count`` node-exporter-like series of node ``n``: per CPU, 8 mode counters then 4 gauges (68: 48 + 20)."""
     common = {"instance": f"10.{n // 62500}.{n // 250 % 250}.{n % 250}:9100", "job": "node-exporter",
               "namespace": "monitoring", "pod": f"prometheus-node-exporter-{n:06x}", "container": "node-exporter",
               "endpoint": "http-metrics", "service": "kube-prometheus-stack-prometheus-node-exporter"}
