@@ -41,6 +41,15 @@ from bench.rw_payload import (
 )
 
 WARM_NODE = 900_000  # warm-up series come from node numbers no measured series uses
+MIN_AVAILABLE_MIB = 3072  # the memory run stops growing when the machine has less available than this
+
+
+def available_mib() -> float:
+    """MemAvailable of the machine, from /proc/meminfo."""
+    for ln in Path("/proc/meminfo").read_text().splitlines():
+        if ln.startswith("MemAvailable:"):
+            return int(ln.split()[1]) / 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
 
 
 @dataclass
@@ -139,6 +148,12 @@ def memory(sizes: Sequence[int], work: Path) -> tuple[float, float, list[MemRow]
             base = status_kib(proc.pid, "VmRSS") / 1024
             have, ts = 0, int(time.time() * 1000)
             for size in sorted(sizes):
+                # the relay and the receiver both grow about linearly: twice the relay's expected growth, plus a reserve
+                need = MIN_AVAILABLE_MIB + (2 * rows[-1].rss_mib * (size / rows[-1].series - 1) if rows else 0)
+                if available_mib() < need:
+                    print(f"memory: stopped before {size:,} series: {available_mib():,.0f} MiB available on the "
+                          "machine, not enough for the relay and the receiver to grow", flush=True)
+                    break
                 reqs = list(distinct_requests(have, size, ts))  # built while the relay idles
                 cpu, _ = feed(proc, rx, reqs, RW1_HEADERS, 3 * len(warm) + size, timeout=3600)
                 got, _ = _settled(rx, 1.5)
