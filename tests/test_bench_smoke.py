@@ -144,3 +144,12 @@ def test_tiny_full_bench_prints_every_table_with_exact_deliveries(tmp_path: Path
     assert "given one RW 2.0 request (252 samples)" in text
     assert "first sight" in text and "passthrough" in text
     assert "     2,000 " in text  # the memory row at 2,000 series
+
+
+@pytest.mark.slow
+def test_memory_run_stops_before_a_size_the_machine_has_no_memory_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(relay_series_bench, "MIN_AVAILABLE_MIB", 1e12)
+    base, peak, rows = relay_series_bench.memory([2000], tmp_path)
+    assert rows == [] and 10 < base <= peak
+    assert "stopped before 2,000 series" in capsys.readouterr().out
