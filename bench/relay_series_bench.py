@@ -12,7 +12,7 @@ as a whole, its decision cache and every other per-series structure included. Th
 (victoria-metrics) must have created exactly that many series and stored exactly those samples.
 
     .venv/bin/python bench/relay_series_bench.py                 # first sight on 63,000 series; memory at 1M
-    .venv/bin/python bench/relay_series_bench.py 1000000 5000000  # memory at 1M, 2M, 5M: ~14 min, 5 GiB RSS
+    .venv/bin/python bench/relay_series_bench.py 1000000 2000000 5000000  # memory at 1M, 2M, 5M: ~14 min, 5 GiB
 """
 
 from __future__ import annotations
