@@ -12,7 +12,6 @@ by the pipeline; scrape jobs are restarted when ``scrape:`` changed.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import threading
 import time
@@ -22,7 +21,6 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from relay import queue as queue_module
 from relay import wire
 from relay.cardinality import CardinalityMetrics
 from relay.config import Config, ConfigError, load_config
@@ -38,6 +36,8 @@ from relay.destinations import (
 from relay.metrics import RelayMetrics
 from relay.overview import destination_overview
 from relay.pipeline import Pipeline
+from relay.queue import RequestTooLargeError, StorageError
+from relay.ratelog import RateLimitedLog
 from relay.scrape import Scraper, ScrapeTarget
 from relay.server import Reply, json_reply
 from relay.transport import RequestsTransport, Transport
@@ -46,17 +46,6 @@ log = logging.getLogger(__name__)
 
 STORAGE_RETRY_AFTER_S = 5  # what a 503 for a queue that cannot store asks the client to wait
 
-
-def _queue_error(name: str) -> type[Exception]:
-    """relay.queue's exception class ``name``, or a stand-in that nothing raises (older queue)."""
-    found = getattr(queue_module, name, None)
-    if isinstance(found, type) and issubclass(found, Exception):
-        return found
-    return type(name, (Exception,), {})
-
-
-RequestTooLargeError = _queue_error("RequestTooLargeError")
-StorageError = _queue_error("StorageError")
 
 ScraperFactory = Callable[[list[ScrapeTarget], Callable[[bytes], None]], Scraper]
 
@@ -90,6 +79,7 @@ class Runtime:
         self.config_path = config_path
         self.registry = registry or CollectorRegistry()
         self.rm = RelayMetrics(self.registry)
+        self._storage_log = RateLimitedLog(log)  # a full disk fails every request: one line a minute
         self.cardinality_metrics = CardinalityMetrics(self.registry)
         self.clock = clock
         self.transport_factory = transport_factory or default_transport
@@ -215,8 +205,8 @@ class Runtime:
         except RequestTooLargeError as e:
             return self._answer(413, f"request too large for the queue: {_one_line(e)}")
         except StorageError as e:
-            log.warning("could not store a request, answered 503: %s", _one_line(e),
-                        extra={"reason": "storage"})
+            self._storage_log.warning("storage", "could not store a request, answered 503: %s", _one_line(e),
+                                      extra={"reason": "storage"})
             return self._answer(503, f"could not store the request: {_one_line(e)}",
                                 {"Retry-After": str(STORAGE_RETRY_AFTER_S)})
         except Exception as e:  # unexpected: tell the client to retry later, with the cause logged
@@ -348,17 +338,9 @@ def _one_line(e: object) -> str:
 def default_transport(d: Any) -> Transport:
     auth = None
     if d.sigv4 is not None:
-        from relay.sigv4 import SigV4Auth
+        from relay.sigv4 import from_config
 
-        kwargs: dict[str, Any] = {}
-        for key in ("access_key", "secret_key"):  # static keys (config helper's fields, when present)
-            value = getattr(d.sigv4, key, None)
-            if value:
-                kwargs[key] = value
-        if kwargs and not set(kwargs) <= set(inspect.signature(SigV4Auth).parameters):
-            raise ValueError("sigv4.access_key/secret_key are not supported by this signer")
-        auth = SigV4Auth(region=d.sigv4.region, service=d.sigv4.service, profile=d.sigv4.profile,
-                         role_arn=d.sigv4.role_arn, external_id=d.sigv4.external_id, **kwargs)
+        auth = from_config(d.name, d.sigv4)
     return RequestsTransport(auth=auth)
 
 

@@ -30,6 +30,8 @@ import botocore.session
 import requests
 from requests_aws4auth import AWS4Auth
 
+from relay.config import SigV4Config
+
 log = logging.getLogger(__name__)
 
 ROLE_SESSION_NAME = "gpu-relay"
@@ -45,14 +47,13 @@ class SigV4ConfigError(ValueError):
         self.value = value
 
 
-def from_config(destination: str, cfg: Any) -> SigV4Auth:
+def from_config(destination: str, cfg: SigV4Config) -> SigV4Auth:
     """SigV4Auth for a destination's ``sigv4:`` block; a failure is a SigV4ConfigError whose message
     names the destination and what to do (the service prints it as one line, no traceback)."""
     try:
         return SigV4Auth(
-            region=cfg.region, service=cfg.service, profile=getattr(cfg, "profile", None),
-            role_arn=getattr(cfg, "role_arn", None), external_id=getattr(cfg, "external_id", None),
-            access_key=getattr(cfg, "access_key", None), secret_key=getattr(cfg, "secret_key", None),
+            region=cfg.region, service=cfg.service, profile=cfg.profile, role_arn=cfg.role_arn,
+            external_id=cfg.external_id, access_key=cfg.access_key, secret_key=cfg.secret_key,
         )
     except SigV4ConfigError as e:
         raise SigV4ConfigError(f"destination {destination!r}: {e.message}", e.field, e.value) from None

@@ -181,3 +181,19 @@ def test_self_metrics_include_build_info_process_and_last_reload(tmp_path: Path)
         assert "gpu_relay_config_last_reload_successful 0.0" in runtime.metrics("").body.decode()
     finally:
         runtime.stop()
+
+
+def test_a_disk_that_stays_full_is_one_warning_a_minute_not_one_per_request(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Every request fails while the disk is full: the log says so once (then once a minute with a
+    count), the sender is not buried in a line per request (issue 8, defect 17)."""
+    runtime = runtime_with(tmp_path, _error(StorageError, "database or disk is full"))
+    try:
+        caplog.set_level(logging.DEBUG, logger="relay")
+        statuses = [write(runtime, [(S("m"), [(now_ms(), float(i))])])[0] for i in range(5)]
+        assert statuses == [503] * 5
+        warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]
+        assert runtime.registry.get_sample_value("gpu_relay_requests_received_total", {"code": "503"}) == 5
+    finally:
+        runtime.stop()

@@ -15,6 +15,7 @@ import pytest
 import requests
 
 from relay import sigv4
+from relay.config import SigV4Config
 from relay.sigv4 import SigV4Auth, SigV4ConfigError
 from tests.sigv4_receiver import SigV4Receiver
 from tests.test_sigv4 import post, write_request
@@ -131,15 +132,15 @@ def test_only_one_of_access_key_and_secret_key_is_a_config_error() -> None:
 @pytest.mark.parametrize(
     ("cfg", "expected"),
     [
-        (SimpleNamespace(region="us-east-1", service="aps"), "destination 'amp': no AWS credentials found"),
-        (SimpleNamespace(region="us-east-1", service="aps", profile="nope"),
+        (SigV4Config(region="us-east-1", service="aps"), "destination 'amp': no AWS credentials found"),
+        (SigV4Config(region="us-east-1", service="aps", profile="nope"),
          "destination 'amp': cannot set up AWS credentials (ProfileNotFound"),
-        (SimpleNamespace(region="", service="aps"), "destination 'amp': a region is required"),
+        (SigV4Config(region="", service="aps"), "destination 'amp': a region is required"),
     ],
     ids=["no-credentials", "missing-profile", "no-region"],
 )
 def test_credentials_that_cannot_resolve_raise_one_line_naming_the_destination(
-    cfg: SimpleNamespace, expected: str
+    cfg: SigV4Config, expected: str
 ) -> None:
     with pytest.raises(SigV4ConfigError) as e:
         sigv4.from_config("amp", cfg)
