@@ -23,14 +23,19 @@ from __future__ import annotations
 import collections
 import itertools
 import operator
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from relay.labels import METRIC_NAME, Labels
 
 if TYPE_CHECKING:
     from relay.cost import PriceTable
+
+# gpu_relay_series_limit_dropped_total{metric}: the first names refused keep their own label (a
+# counter cannot move between labels), every later one counts under metric="other".
+MAX_LIMIT_METRIC_LABELS = 50
 
 
 class _Slot:
@@ -97,6 +102,41 @@ class SeriesTracker:
         if len(self._series) > self._peak:
             self._peak = len(self._series)
         return True
+
+    def observe_batch(self, items: Sequence[tuple[int, str]], labels_of: Callable[[int], Labels]) -> list[int]:
+        """``observe`` for a request's worth of series, one clock read for all. ``labels_of(i)`` gives
+        item i's labels; it is called only for series that are new or whose labels are due again (half
+        a window), so label statistics stay exact without decoding every occurrence. Returns the
+        indexes of the items that were not active (first sight in the window)."""
+        gen = self._gen()
+        series = self._series
+        wslots = self._wslots
+        due = wslots // 2
+        new: list[int] = []
+        for i, (series_id, metric) in enumerate(items):
+            slot = series.get(series_id)
+            if slot is not None:
+                if slot.gen == gen:
+                    continue  # the common case: already seen in this slot
+                if gen - slot.gen <= wslots:
+                    if slot.lgen >= 0 and gen - slot.lgen < due:
+                        series[series_id] = self._slot(slot.metric, gen, slot.lgen)
+                    else:
+                        self._note_labels(slot.metric, labels_of(i), gen)
+                        series[series_id] = self._slot(slot.metric, gen, gen)
+                    continue
+                self._forget(series_id, slot)  # out of the window but not swept yet: new again
+            new.append(i)
+            self._per_metric[metric] = self._per_metric.get(metric, 0) + 1
+            self._note_labels(metric, labels_of(i), gen)
+            series[series_id] = self._slot(metric, gen, gen)
+        if len(series) > self._peak:
+            self._peak = len(series)
+        return new
+
+    def has(self) -> Callable[[int], bool]:
+        """Membership test over the series kept (active, or expired but not swept yet), at C speed."""
+        return self._series.__contains__
 
     def observe_many(self, items: list[tuple[int, str]]) -> None:
         """``observe`` for a request's worth of series (no labels): one clock read for all."""
@@ -245,11 +285,15 @@ class _RateWindow:
 
 
 class DestinationStats:
-    """Everything ``/api/v1/cardinality`` reports for one destination."""
+    """Everything ``/api/v1/cardinality`` reports for one destination.
+
+    ``lock`` guards the trackers and drop counts: the pipeline replaces it with its own lock (held
+    while it routes a request), so :meth:`snapshot` is a consistent view under concurrent ingest."""
 
     def __init__(self, name: str, window_s: float = 3600.0, clock: Callable[[], float] = time.monotonic,
                  *, metrics: CardinalityMetrics | None = None) -> None:
         self.name = name
+        self.lock: threading.RLock | Any = threading.RLock()
         self.window_s = window_s
         self.tracker_in = SeriesTracker(window_s, clock)
         self.tracker_out = SeriesTracker(window_s, clock)
@@ -263,18 +307,24 @@ class DestinationStats:
         self._rates.add(samples_in, samples_out)
 
     def record_drop(self, reason: str, series: int = 1, samples: int = 0) -> None:
-        entry = self._drops.get(reason)
-        if entry is None:
-            entry = self._drops[reason] = [0, 0]
-        entry[0] += series
-        entry[1] += samples
+        with self.lock:
+            entry = self._drops.get(reason)
+            if entry is None:
+                entry = self._drops[reason] = [0, 0]
+            entry[0] += series
+            entry[1] += samples
         if self._metrics is not None:
             self._metrics.series_dropped.labels(self.name, reason).inc(series)
 
     def expire(self) -> int:
-        return self.tracker_in.expire() + self.tracker_out.expire()
+        with self.lock:
+            return self.tracker_in.expire() + self.tracker_out.expire()
 
     def snapshot(self, limit: int = 10, price_table: PriceTable | None = None) -> dict[str, Any]:
+        with self.lock:
+            return self._snapshot(limit, price_table)
+
+    def _snapshot(self, limit: int, price_table: PriceTable | None) -> dict[str, Any]:
         from relay.cost import DEFAULT_PRICES, estimate_monthly
 
         prices = price_table or DEFAULT_PRICES
@@ -308,6 +358,7 @@ class CardinalityMetrics:
             "gpu_relay_series_dropped", "Series dropped before sending, by reason.",
             ["destination", "reason"], registry=registry)
         self._stats: dict[str, DestinationStats] = {}
+        self._limit_metrics: dict[str, set[str]] = {}  # destination -> metric label values in use
         registry.register(_ActiveSeriesCollector(self._stats))
 
     def track(self, stats: DestinationStats) -> None:
@@ -317,10 +368,17 @@ class CardinalityMetrics:
         self._stats.pop(name, None)
 
     def on_limit_drop(self, destination: str) -> Callable[[str, str], None]:
-        """An ``on_drop`` callback for :class:`relay.limits.SeriesLimiter` that counts the refusal."""
+        """An ``on_drop`` callback for :class:`relay.limits.SeriesLimiter` that counts the refusal.
+        At most ``MAX_LIMIT_METRIC_LABELS`` metric names get their own label; the rest ``other``."""
         counter = self.series_limit_dropped
+        names = self._limit_metrics.setdefault(destination, set())
 
         def on_drop(metric: str, limit: str) -> None:
+            if metric not in names:
+                if len(names) >= MAX_LIMIT_METRIC_LABELS:
+                    metric = "other"
+                else:
+                    names.add(metric)
             counter.labels(destination, metric, limit).inc()
 
         return on_drop
