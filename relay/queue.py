@@ -72,10 +72,15 @@ class Entry:
     enqueued_at: float
 
 
+# (shard, RW1 WriteRequest bytes, samples (float + histogram), oldest sample timestamp ms, 0 if none)
+Piece = tuple[int, bytes, int, int]
+_AnyPiece = tuple[int, bytes, int] | Piece
+
+
 class _Pending:
     __slots__ = ("done", "dropped", "error", "pieces")
 
-    def __init__(self, pieces: Sequence[tuple[int, bytes, int]]) -> None:
+    def __init__(self, pieces: Sequence[_AnyPiece]) -> None:
         self.pieces = pieces
         self.done = False
         self.dropped = 0
@@ -133,11 +138,12 @@ class DurableQueue:
         return db
 
     # -- writing ---------------------------------------------------------------------------------
-    def put(self, pieces: Sequence[tuple[int, bytes, int]]) -> int:
+    def put(self, pieces: Sequence[_AnyPiece]) -> int:
         """Store all pieces (shard, payload, samples) in one transaction; durable on return.
 
         Returns the samples of the oldest entries deleted to stay under max_disk (0 normally)."""
-        for shard, payload, samples in pieces:
+        for piece in pieces:
+            shard, payload, samples = piece[0], piece[1], piece[2]
             if shard < 0 or samples < 0 or not isinstance(payload, bytes | bytearray | memoryview):
                 raise QueueError("bad queue piece (shard, payload, samples)", (shard, type(payload), samples))
         if not pieces:
@@ -184,7 +190,8 @@ class DurableQueue:
             db.execute("BEGIN IMMEDIATE")
             try:
                 for p in batch:
-                    for shard, payload, samples in p.pieces:
+                    for piece in p.pieces:
+                        shard, payload, samples = piece[0], piece[1], piece[2]
                         db.execute(
                             "INSERT INTO entries (shard, samples, enqueued_at, payload) VALUES (?, ?, ?, ?)",
                             (shard, samples, now, bytes(payload)),

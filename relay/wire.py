@@ -256,7 +256,8 @@ Decision = tuple[DestDecision | None, ...]  # one entry per destination; None: n
 
 @dataclass(slots=True)
 class Routed:
-    per_dest: list[list[tuple[DestDecision, bytes, int]]]  # (decision, rest bytes, n samples)
+    # (decision, rest bytes, n = float + histogram samples, oldest sample timestamp ms or 0)
+    per_dest: list[list[tuple[DestDecision, bytes, int, int]]]
     metadata: bytes  # the request's field-3 entries, raw and tag-wrapped
     series_in: int
     samples_in: int
@@ -270,9 +271,9 @@ def series_id(label_bytes: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(label_bytes, digest_size=8).digest(), "little")
 
 
-def encode_routed(entries: list[tuple[DestDecision, bytes, int]], metadata: bytes) -> bytes:
+def encode_routed(entries: list[tuple[DestDecision, bytes, int, int]], metadata: bytes) -> bytes:
     """RW1 WriteRequest bytes for one destination's routed series (plus raw metadata entries)."""
-    parts = [wrap_series(decision[0], rest) for decision, rest, _ in entries]
+    parts = [wrap_series(entry[0][0], entry[1]) for entry in entries]
     parts.append(metadata)
     return b"".join(parts)
 
@@ -285,7 +286,7 @@ def route(
     ``decide(key)`` runs on a cache miss and its result is stored in ``cache``; its WireError
     (an invalid label set) propagates. Malformed protobuf raises WireError(400).
     """
-    per_dest: list[list[tuple[DestDecision, bytes, int]]] = [[] for _ in range(n_dest)]
+    per_dest: list[list[tuple[DestDecision, bytes, int, int]]] = [[] for _ in range(n_dest)]
     metadata: list[bytes] = []
     counts = _route_loop(bytes(v1), cache, decide, per_dest, metadata)
     return Routed(per_dest, b"".join(metadata), *counts)
@@ -295,7 +296,7 @@ def _route_loop(
     buf: bytes,
     cache: dict[bytes, Decision],
     decide: Callable[[bytes], Decision],
-    per_dest: list[list[tuple[DestDecision, bytes, int]]],
+    per_dest: list[list[tuple[DestDecision, bytes, int, int]]],
     metadata: list[bytes],
 ) -> tuple[int, int, int, int, int]:
     """The per-series loop: (series, samples, histograms, exemplars, new keys).
@@ -330,9 +331,10 @@ def _route_loop(
                 rest = buf[end - guess : end]
                 series += 1
                 samples += 1
+                oldest = oldest_timestamp(rest)
                 for dest, d in zip(per_dest, decision):  # noqa: B905
                     if d is not None:
-                        dest.append((d, rest, 1))
+                        dest.append((d, rest, 1, oldest))
                 continue
         p = start
         ns = ne = nh = 0
@@ -382,10 +384,27 @@ def _route_loop(
                 )
             cache[key] = decision
             new += 1
+        oldest = oldest_timestamp(rest)
         for dest, d in zip(per_dest, decision):  # noqa: B905
             if d is not None:
-                dest.append((d, rest, ns))
+                dest.append((d, rest, ns + nh, oldest))
     return series, samples, histograms, exemplars, new
+
+
+def oldest_timestamp(rest: bytes) -> int:
+    """Smallest timestamp of the Sample (field 2) and Histogram (field 4, its field 15) entries in a
+    series' ``rest``; 0 when there is none."""
+    oldest = 0
+    for number, wire_type, _, start, end in fields(rest, 0, len(rest)):
+        if wire_type != 2 or number not in (2, 4):
+            continue
+        want = 2 if number == 2 else 15
+        for n2, wt2, _, s2, _e2 in fields(rest, start, end):
+            if n2 == want and wt2 == 0:
+                ts = int64(uvarint(rest, s2)[0])
+                if ts and (not oldest or ts < oldest):
+                    oldest = ts
+    return oldest
 
 
 def _top_level_other(buf: bytes, pos: int, n: int, metadata: list[bytes]) -> int:

@@ -247,7 +247,7 @@ def test_route_skips_unknown_top_level_fields_and_keeps_unknown_series_fields() 
     unknown_in_series = b"\x28\x07"  # field 5 varint: copied through with the samples
     series = encode_len(1, label_entry(b"__name__", b"a") + unknown_in_series)
     routed = wire.route(b"\x10\x01" + series, 1, {}, keep_all)  # field 2 (Cortex source) skipped
-    [(_, rest, n)] = routed.per_dest[0]
+    [(_, rest, n, _oldest)] = routed.per_dest[0]
     assert rest == unknown_in_series and n == 0
 
 
@@ -344,7 +344,9 @@ def test_route_equals_naive_protobuf_relay(raw: bytes, n_dest: int, seed: int) -
         assert routed.samples_in == sum(len(ts.samples) for ts in req.timeseries)
         assert routed.exemplars_in == sum(len(ts.exemplars) for ts in req.timeseries)
         assert routed.histograms_in == sum(len(ts.histograms) for ts in req.timeseries)
-        assert all(n == len(wire.decode_samples(rest)) for dest in routed.per_dest for _, rest, n in dest)
+        # n counts float and histogram samples (interface 1: a histogram-only series is queued)
+        assert all(n == len(v1pb.TimeSeries.FromString(rest).samples) + len(v1pb.TimeSeries.FromString(rest).histograms)
+                   for dest in routed.per_dest for _, rest, n, _ in dest)
         if attempt:
             assert routed.new_keys == 0
 
@@ -587,7 +589,7 @@ def test_route_cached_series_with_more_samples_than_the_previous_one_counts_them
     for _ in range(2):
         routed = wire.route(raw, 1, cache, keep_all)
         assert routed.samples_in == 4
-        assert [n for _, _, n in routed.per_dest[0]] == [1, 1, 2]
+        assert [n for _, _, n, _ in routed.per_dest[0]] == [1, 1, 2]
         assert wire.encode_routed(routed.per_dest[0], b"") == raw
 
 
@@ -601,7 +603,7 @@ def test_route_cached_series_whose_rest_has_the_previous_length_but_an_exemplar_
     raw = encode_len(1, labels + first) + encode_len(1, labels + second)
     routed = wire.route(raw, 1, {}, keep_all)
     assert (routed.samples_in, routed.exemplars_in) == (2, 1)
-    assert [n for _, _, n in routed.per_dest[0]] == [1, 1]
+    assert [n for _, _, n, _ in routed.per_dest[0]] == [1, 1]
 
 
 def measure_route_us_per_sample(rounds: int = 300) -> float:
