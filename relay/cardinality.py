@@ -10,10 +10,11 @@ seen in slot ``g`` is active until slot ``g + slots`` ends, so it leaves between
 ``window_s + window_s/slots`` after its last sample. ``expire()`` sweeps at C speed (``map``/
 ``compress`` over the dict) and compacts the table when it shrank by half.
 
-Distinct label values are kept apart from series, per metric and label name, as ``value -> slot
-last supplied``. Labels arrive with ``observe(..., labels)`` on cache misses; a value leaves when no
-series supplied it for the window. :meth:`SeriesTracker.wants_labels` tells a caller when a known
-series' labels are due again (half a window), so label statistics stay exact for stable series too.
+Distinct label values are kept apart from series, per metric and label name, as ``hash(value) -> slot
+last supplied`` (values are only counted, so a 60-bit hash stands in for the string); a value leaves
+when no series supplied it for the window. :meth:`SeriesTracker.observe_batch` asks for a series'
+labels when it is new and again every half window, so label statistics stay exact for stable
+series too, without decoding labels on every occurrence.
 At most ``max_values`` values per (metric, label) are tracked; :meth:`capped_labels` names those
 that hit the cap (their counts are then lower bounds).
 """
@@ -32,6 +33,8 @@ from relay.labels import METRIC_NAME, Labels
 
 if TYPE_CHECKING:
     from relay.cost import PriceTable
+
+_VALUE_MASK = (1 << 60) - 1  # label values are kept as 60-bit hashes (32-byte ints)
 
 # gpu_relay_series_limit_dropped_total{metric}: the first names refused keep their own label (a
 # counter cannot move between labels), every later one counts under metric="other".
@@ -66,8 +69,8 @@ class SeriesTracker:
         self._peak = 0
         self._slots: dict[tuple[str, int, int], _Slot] = {}
         self._per_metric: dict[str, int] = {}
-        # metric -> label name -> value -> slot last supplied
-        self._values: dict[str, dict[str, dict[str, int]]] = {}
+        # metric -> label name -> hash of a value -> slot last supplied
+        self._values: dict[str, dict[str, dict[int, int]]] = {}
 
     def _gen(self) -> int:
         return int((self._clock() - self._t0) // self._slot_s)
@@ -174,8 +177,9 @@ class SeriesTracker:
             values = per_name.get(name)
             if values is None:
                 values = per_name[name] = {}
-            if value in values or len(values) < cap:
-                values[value] = gen
+            key = hash(value) & _VALUE_MASK  # counted, never shown: a hash costs less than the string
+            if key in values or len(values) < cap:
+                values[key] = gen
 
     def wants_labels(self, series_id: int) -> bool:
         """True when the series is unknown or its labels were last supplied over half a window ago."""
@@ -201,7 +205,7 @@ class SeriesTracker:
         if metric is not None:
             counts = {name: len(v) for name, v in self._values.get(metric, {}).items() if v}
         else:
-            union: dict[str, set[str]] = {}
+            union: dict[str, set[int]] = {}
             for per_name in self._values.values():
                 for name, values in per_name.items():
                     union.setdefault(name, set()).update(values)

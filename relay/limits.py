@@ -49,10 +49,37 @@ def _valid_name(name: str, colon: bool) -> bool:
     return (_METRIC_NAME if colon else _LABEL_NAME).fullmatch(name) is not None
 
 
+_NAMES_OK = re.compile(r"(?:[a-zA-Z_][a-zA-Z0-9_]*\n)*")
+
+
 def amp_violation(labels: Labels, limits: AmpLimits = AmpLimits()) -> str | None:
     """The reason AMP would reject this series, or None. Labels are sorted (``relay.labels``)."""
     if len(labels) > limits.max_labels:
         return "max_label_names_per_series"
+    if _acceptable(labels, limits):
+        return None
+    return _violation(labels, limits)
+
+
+def _acceptable(labels: Labels, limits: AmpLimits) -> bool:
+    """Fast check that nothing is wrong (the common case): a few C-level passes, no per-label
+    Python loop. False means: look closer (``_violation`` finds the reason, in label order)."""
+    names = [n for n, _ in labels]
+    if len(set(names)) != len(names) or METRIC_NAME not in names:
+        return False
+    metric = labels[names.index(METRIC_NAME)][1]
+    others = [n for n in names if n != METRIC_NAME]
+    if others and max(map(len, others)) > limits.max_name_len:
+        return False
+    if _NAMES_OK.fullmatch("\n".join(others) + "\n" if others else "") is None:
+        return False
+    longest = max(map(len, [v for _, v in labels]))
+    if longest * 4 > limits.max_value_len:  # could exceed in UTF-8 bytes: the slow path measures
+        return False
+    return _valid_name(metric, colon=True)
+
+
+def _violation(labels: Labels, limits: AmpLimits) -> str | None:
     metric = ""
     previous = None
     for name, value in labels:

@@ -51,6 +51,7 @@ AGGREGATE_GRACE_MS = 10_000  # windows close this long after their end (late scr
 MAX_COUNTER_FAMILIES = 100_000  # counter families learnt from metadata (beyond: only the _total suffix)
 FAMILY_SUFFIXES = ("", "_total", "_bucket", "_sum", "_count")  # metadata family -> its series' names
 _MASK64 = (1 << 64) - 1
+_ID_MASK = (1 << 60) - 1  # input ids: 60 bits, a 32-byte int (64 bits take 36)
 _CLAIM = 1 << 64  # set in a pass decision's id: the rules changed the series, its output is claimed
 _COUNTER = 1  # MetricMetadata.MetricType COUNTER
 _ENTRY_OVERHEAD = 260  # dict slot, key object, decision and input tuples, input id (measured, bench/)
@@ -81,6 +82,42 @@ def _drop(reason: str) -> wire.DestDecision:
 
 
 _RULES = _drop("rules")
+
+
+def decode_labels(key: bytes) -> Labels:
+    """``wire.decode_labels`` with a fast path for label sets as protobuf serialises them (every
+    Label entry ``0x0a len 0x0a len name [0x12 len value]``, lengths under 128); anything else, and
+    every error, goes through ``wire.decode_labels`` so results and messages are the same."""
+    out: list[tuple[str, str]] = []
+    n = len(key)
+    p = 0
+    try:
+        while p < n:
+            if key[p] != 0x0A or key[p + 1] >= 0x80 or key[p + 2] != 0x0A or key[p + 3] >= 0x80:
+                return wire.decode_labels(key)
+            end = p + 2 + key[p + 1]
+            ne = p + 4 + key[p + 3]
+            if ne == end:
+                value = ""
+            elif key[ne] == 0x12 and key[ne + 1] < 0x80 and ne + 2 + key[ne + 1] == end:
+                value = key[ne + 2 : end].decode()
+            else:
+                return wire.decode_labels(key)
+            if ne > end or end > n or ne == p + 4:  # truncated, or an empty name
+                return wire.decode_labels(key)
+            if value:
+                out.append((key[p + 4 : ne].decode(), value))
+            else:
+                out.append(("", ""))  # an empty value: the slow path keeps the checks in one place
+                return wire.decode_labels(key)
+            p = end
+    except (IndexError, UnicodeDecodeError):
+        return wire.decode_labels(key)
+    out.sort()
+    for i in range(1, len(out)):
+        if out[i][0] == out[i - 1][0]:
+            return wire.decode_labels(key)  # a duplicate name: its error message
+    return tuple(out)
 
 
 def _decoder(lb: bytes) -> Callable[[], Labels]:
@@ -175,6 +212,7 @@ class _DestinationStage:
         inputs: list[tuple[wire.DestDecision, bytes, int, int]],
         new_in: set[int],
         in_active: Callable[[int], bool],
+        labels_of: Callable[[bytes], Labels] = wire.decode_labels,
     ) -> tuple[list[Piece], int, int]:
         """One request's series for this destination (``entries[j]`` is input ``inputs[j]``):
         collisions, aggregation, limits, accounting, sharding. ``new_in``: indexes of input series
@@ -229,7 +267,7 @@ class _DestinationStage:
             if limiter is None or contains(sid):
                 seen.append((sid, metric))
                 seen_lb.append(lb)
-            elif not limiter.admit(sid, metric, _decoder(lb)):
+            elif not limiter.admit(sid, metric, lambda lb=lb: labels_of(lb)):  # type: ignore[misc]
                 drops["series_limit"] = drops.get("series_limit", 0) + n
                 continue
             shard = sid % shards
@@ -239,7 +277,7 @@ class _DestinationStage:
             _add_oldest(oldest, shard, ts)
             kept += n
         if seen:
-            tracker.observe_batch(seen, lambda i: wire.decode_labels(seen_lb[i]))
+            tracker.observe_batch(seen, lambda i: labels_of(seen_lb[i]))
         for reason, n in drops.items():
             if n:
                 self.metrics.samples_dropped_total.labels(self.name, reason).inc(n)
@@ -355,6 +393,7 @@ class Pipeline:
         self._old: dict[bytes, wire.Decision] = {}
         self._young_bytes = self._old_bytes = 0
         self._cache_max = cache_max_bytes
+        self._scratch: dict[bytes, Labels] = {}  # labels decided during the current request
         if previous is not None:
             self._take_over(previous)
 
@@ -414,22 +453,33 @@ class Pipeline:
 
     # -- the cold path: once per distinct input label set, no side effect ---------------------------
     def decide(self, key: bytes) -> wire.Decision:
-        labels = wire.decode_labels(key)  # raises WireError(400) for an invalid label set
+        labels = decode_labels(key)  # raises WireError(400) for an invalid label set
         metric_in = sys.intern(label_get(labels, METRIC_NAME))
-        canonical = wire.encode_labels(labels)
-        in_id = wire.series_id(key if canonical == key else canonical)
+        # The input's identity: a 64-bit hash of its sorted label set (so the same series with its
+        # labels in another order is the same series). In memory only, never on disk: Python's hash.
+        in_id = hash(labels) & _ID_MASK
+        self._scratch[key] = labels
         out: list[wire.DestDecision | None] = [(key, in_id, metric_in)]
         base = self.rules.apply_global(labels)
         plain = add_external_labels(labels, self.config.external_labels)
         for i, stage in enumerate(self.stages):
             result = None if base is None else self.rules.apply_destination(i, base)
             # every destination gets a decision (never None), so entries line up with the inputs
-            out.append(_RULES if result is None else stage.decide(key, result, result == plain))
+            d = _RULES if result is None else stage.decide(key, result, result == plain)
+            if d[0] and d[1] >= 0:
+                self._scratch[d[0]] = result  # type: ignore[assignment]
+            out.append(d)
         return tuple(out)
+
+    def _labels(self, lb: bytes) -> Labels:
+        """Labels of input or output label bytes: decided in this request, else decoded."""
+        labels = self._scratch.get(lb)
+        return wire.decode_labels(lb) if labels is None else labels
 
     # -- the per-series pass: every occurrence ---------------------------------------------------------
     def route(self, v1: bytes) -> tuple[IngestResult, list[list[Piece]]]:
         with self.lock:
+            self._scratch.clear()
             routed = wire.route(v1, len(self.stages) + 1, self._young, self._decide_cached)
             self._evict()
             result = IngestResult(
@@ -440,7 +490,7 @@ class Pipeline:
             )
             inputs = routed.per_dest[0]
             new_in = set(self.tracker_in.observe_batch(
-                [(e[0][1], e[0][2]) for e in inputs], lambda i: wire.decode_labels(inputs[i][0][0])))
+                [(e[0][1], e[0][2]) for e in inputs], lambda i: self._labels(inputs[i][0][0])))
             in_active = self.tracker_in.has()
             md = _metadata_entries(routed.metadata) if routed.metadata else []
             if md:
@@ -448,13 +498,14 @@ class Pipeline:
             family_entries = [(family, raw) for family, raw, _ in md]
             pieces_per_dest: list[list[Piece]] = []
             for i, stage in enumerate(self.stages):
-                pieces, kept, _ = stage.take(routed.per_dest[i + 1], inputs, new_in, in_active)
+                pieces, kept, _ = stage.take(routed.per_dest[i + 1], inputs, new_in, in_active, self._labels)
                 metadata = stage.metadata(family_entries)
                 if metadata:
                     pieces.append((0, metadata, 0, 0))
                 pieces_per_dest.append(pieces)
                 result.kept.append(kept)
                 stage.stats.record_samples(result.samples + result.histograms, kept)
+            self._scratch.clear()
             return result, pieces_per_dest
 
     def _learn_counters(self, md: list[tuple[str, bytes, bool]]) -> None:

@@ -3,6 +3,8 @@ from __future__ import annotations
 import logging
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from relay.cardinality import SeriesTracker
 from relay.labels import Labels, make
@@ -177,3 +179,18 @@ def test_release_and_forget_clear_claims() -> None:
     assert det.check("amp", 1, b"b", lbl("m"), "r")
     det.forget("amp")
     assert det.check("amp", 1, b"c", lbl("m"), "r")
+
+
+_names = st.sampled_from(["__name__", "a", "b_1", "1bad", "a-b", "n" * 129, "", "\u00e9"])
+_values = st.sampled_from(["m", "ok:name", "bad-name", "", "x" * 2049, "\u00e9" * 1025, "\u00e9" * 500, "v"])
+
+
+@settings(max_examples=400)
+@given(st.lists(st.tuples(_names, _values), max_size=6))
+def test_amp_violation_fast_path_agrees_with_the_label_by_label_check(pairs: list[tuple[str, str]]) -> None:
+    from relay.limits import _violation
+
+    labels = tuple(sorted(pairs))
+    limits = AmpLimits(max_labels=5)
+    expected = "max_label_names_per_series" if len(labels) > 5 else _violation(labels, limits)
+    assert amp_violation(labels, limits) == expected

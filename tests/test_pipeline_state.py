@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from relay import wire
@@ -19,6 +21,7 @@ from relay.config import parse_config
 from relay.labels import Labels
 from relay.metrics import RelayMetrics
 from relay.pipeline import AGGREGATE_GRACE_MS, Pipeline
+from relay.pipeline import decode_labels as pipeline_decode_labels
 from relay.proto import remote_v1_pb2
 from relay.queue import DurableQueue
 from tests.test_pipeline import T0, Clock, Harness, MakeHarness, S, _config, _metadata_entry, harnesses
@@ -454,3 +457,33 @@ def test_cardinality_snapshot_is_consistent_under_concurrent_ingest(make: MakeHa
         sys.setswitchinterval(old)
     assert errors == []
     assert stats.snapshot()["active_series"]["in"] == 60 * 200
+
+
+# ---- the fast label decoder of the cold path -------------------------------------------------------
+
+
+_label_text = st.text(alphabet=st.sampled_from(["a", "b", "_", "0", "\u00e9", "\n"]), max_size=4)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(_label_text, _label_text), max_size=5), st.binary(max_size=3), st.booleans())
+def test_fast_label_decoder_equals_wire_decode_labels_errors_included(
+        pairs: list[tuple[str, str]], junk: bytes, append_junk: bool) -> None:
+    raw = _labels_bytes(pairs) + (junk if append_junk else b"")
+    try:
+        expected: object = wire.decode_labels(raw)
+    except wire.WireError as e:
+        expected = (e.status, str(e))
+    try:
+        got: object = pipeline_decode_labels(raw)
+    except wire.WireError as e:
+        got = (e.status, str(e))
+    assert got == expected
+
+
+def test_fast_label_decoder_handles_long_labels_and_invalid_utf8() -> None:
+    pairs = [("__name__", "m"), ("long", "x" * 300), ("b", "1")]
+    assert pipeline_decode_labels(_labels_bytes(pairs)) == tuple(sorted(pairs))
+    bad = wire.encode_label_pair(b"a", b"\xff")
+    with pytest.raises(wire.WireError, match="invalid UTF-8"):
+        pipeline_decode_labels(bad)
