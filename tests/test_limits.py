@@ -194,3 +194,54 @@ def test_amp_violation_fast_path_agrees_with_the_label_by_label_check(pairs: lis
     limits = AmpLimits(max_labels=5)
     expected = "max_label_names_per_series" if len(labels) > 5 else _violation(labels, limits)
     assert amp_violation(labels, limits) == expected
+
+
+def test_collision_owners_first_claim_wins_until_its_owner_leaves() -> None:
+    from relay.limits import CollisionOwners
+
+    owners = CollisionOwners()
+    active = {10, 11}
+    assert owners.claim(1, 10, active.__contains__, lambda out: False)
+    assert owners.claim(1, 10, active.__contains__, lambda out: False)
+    assert owners.claim(1, 11, active.__contains__, lambda out: False) is False
+    active.discard(10)
+    assert owners.claim(1, 11, active.__contains__, lambda out: False)  # the owner left: taken over
+    assert owners.owners == {1: 11}
+
+
+def test_collision_owners_an_unchanged_series_owns_its_output_implicitly() -> None:
+    from relay.limits import CollisionOwners
+
+    owners = CollisionOwners()
+    out_active = {5}
+    # input 5 passes unchanged (output id 5, no entry); a pruned input mapping onto 5 collides
+    assert owners.unchanged(5, 5, lambda i: True)
+    assert len(owners) == 0
+    assert owners.claim(5, 77, lambda i: True, out_active.__contains__) is False
+    # the other way round: the pruned input claimed first, the unchanged one collides
+    assert owners.claim(6, 77, lambda i: True, lambda out: False)
+    assert owners.unchanged(6, 6, lambda i: True) is False
+    assert owners.unchanged(6, 6, lambda i: False)  # once the claimant left
+    assert len(owners) == 0
+
+
+def test_collision_owners_expire_with_their_owner() -> None:
+    from relay.limits import CollisionOwners
+
+    owners = CollisionOwners()
+    for out in range(1000):
+        owners.claim(out, out + 10_000, lambda i: True, lambda o: False)
+    alive = {10_000, 10_001}
+    assert owners.expire(alive.__contains__) == 998
+    assert owners.owners == {0: 10_000, 1: 10_001}
+
+
+def test_limiter_log_table_is_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    from relay.limits import MAX_LOGGED_NAMES
+
+    h = Harness(max_series=0, per_metric=None)
+    with caplog.at_level(logging.WARNING, logger="test_limits"):
+        for i in range(MAX_LOGGED_NAMES + 50):
+            h.admit(i, metric=f"m{i}")
+    assert len(h.limiter._logged) <= MAX_LOGGED_NAMES
+    assert len(caplog.records) == MAX_LOGGED_NAMES
