@@ -46,7 +46,7 @@ from relay.selector import parse_selector
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CACHE_MAX_BYTES = 96 * 1024 * 1024  # decision cache budget (estimated bytes, see _entry_bytes)
+DEFAULT_CACHE_MAX_BYTES = 128 * 1024 * 1024  # decision cache budget (estimated bytes, see _entry_bytes)
 AGGREGATE_GRACE_MS = 10_000  # windows close this long after their end (late scrapes, batching)
 MAX_COUNTER_FAMILIES = 100_000  # counter families learnt from metadata (beyond: only the _total suffix)
 FAMILY_SUFFIXES = ("", "_total", "_bucket", "_sum", "_count")  # metadata family -> its series' names
@@ -394,13 +394,18 @@ class Pipeline:
         self._young_bytes = self._old_bytes = 0
         self._cache_max = cache_max_bytes
         self._scratch: dict[bytes, Labels] = {}  # labels decided during the current request
+        # (new stage, old stage) whose old aggregator's windows are still to be emitted (reload)
+        self._orphans: list[tuple[_DestinationStage, _DestinationStage]] = []
         if previous is not None:
             self._take_over(previous)
 
     def _take_over(self, previous: Pipeline) -> None:
         """On reload, keep per-series state: collision owners per destination, and aggregation
-        windows in progress (with counters' running totals) where the aggregate rules did not change."""
+        windows in progress (with counters' running totals) where the aggregate rules did not change.
+        Where they changed, the old rules' open windows are emitted (early, as they stand) by the
+        next flush instead of being lost."""
         old = {s.name: s for s in previous.stages}
+        self._orphans = previous._orphans
         for stage in self.stages:
             o = old.get(stage.name)
             if o is None:
@@ -408,6 +413,8 @@ class Pipeline:
             stage.owners = o.owners
             if o.aggregator is not None and o.dest.aggregate == stage.dest.aggregate:
                 stage.aggregator = o.aggregator
+            elif o.aggregator is not None and o.aggregator.windows():
+                self._orphans.append((stage, o))
 
     # -- the decision cache --------------------------------------------------------------------------
     def cache_bytes(self) -> int:
@@ -489,6 +496,9 @@ class Pipeline:
                 exemplars=routed.exemplars_in,
             )
             inputs = routed.per_dest[0]
+            if any(len(d) != len(inputs) for d in routed.per_dest):
+                # decide() never answers None for a destination, so every list has every series
+                raise ValueError("wire.route: per-destination entries do not line up with the inputs")
             new_in = set(self.tracker_in.observe_batch(
                 [(e[0][1], e[0][2]) for e in inputs], lambda i: self._labels(inputs[i][0][0])))
             in_active = self.tracker_in.has()
@@ -520,7 +530,7 @@ class Pipeline:
         committed (or dropped by rules); storage errors propagate for the caller to answer 503."""
         result, pieces_per_dest = self.route(v1)
         m = self.metrics
-        m.samples_received_total.inc(result.samples)
+        m.samples_received_total.inc(result.samples + result.histograms)  # what each destination's share counts
         for stage, pieces, kept in zip(self.stages, pieces_per_dest, result.kept, strict=True):
             if kept:
                 m.samples_kept_total.labels(stage.name).inc(kept)
@@ -543,6 +553,13 @@ class Pipeline:
         self._flush(None)
 
     def _flush(self, until_ms: int | None) -> None:
+        with self.lock:
+            orphans, self._orphans[:] = list(self._orphans), []
+        for stage, old in orphans:
+            with self.lock:
+                pieces = old.flush_aggregates(None)
+            if pieces and stage.queue is not None:
+                stage.queue.put(pieces)
         for stage in self.stages:
             if stage.aggregator is None:
                 continue

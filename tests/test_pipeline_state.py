@@ -267,6 +267,26 @@ def test_flush_all_emits_every_open_window_for_a_graceful_stop(make: MakeHarness
     assert len(h.queued_set("amp")) == len(out)
 
 
+def test_open_windows_of_changed_aggregate_rules_are_emitted_after_a_reload(
+        make: MakeHarness, tmp_path: Path) -> None:
+    text = _config(tmp_path, PRUNED_AGG)
+    h = make(text)
+    h.ingest([(S("gpu_util", gpu=str(g), pod="a"), [(T0 + 1000, 1.0 + g)]) for g in range(3)])
+    old = h.pipeline
+    changed = parse_config(text.replace("outputs: [sum, avg, count_series]", "outputs: [max]"))
+    new = Pipeline(changed, old.metrics, [s.stats for s in old.stages], [s.queue for s in old.stages],
+                   clock=h.clock, previous=old)
+    assert new.stages[0].aggregator is not old.stages[0].aggregator
+    new.flush_aggregates()  # the window has not ended yet: emitted early rather than lost
+    assert _outputs(h) == {
+        ("gpu_util:30s_without_gpu_sum", T0 + 30_000): 6.0,
+        ("gpu_util:30s_without_gpu_avg", T0 + 30_000): 2.0,
+        ("gpu_util:30s_without_gpu_count_series", T0 + 30_000): 3.0,
+    }
+    new.flush_aggregates()
+    assert len(h.queued_set("amp")) == 3
+
+
 def test_future_dated_samples_do_not_open_aggregation_windows(make: MakeHarness, tmp_path: Path) -> None:
     h = make(_config(tmp_path, PRUNED_AGG))
     far = T0 + 10 * 24 * 3600 * 1000  # ten days ahead of the relay's clock
@@ -296,6 +316,8 @@ def test_histogram_only_series_is_queued(make: MakeHarness, tmp_path: Path) -> N
     q = h.queues["d"]
     assert q is not None
     assert q.depth()[0] == 1
+    assert h.value("gpu_relay_samples_received_total") == 1
+    assert h.value("gpu_relay_samples_kept_total", destination="d") == 1
 
 
 def test_histograms_of_an_aggregated_series_are_dropped_with_a_counted_reason(
