@@ -53,6 +53,7 @@ FAMILY_SUFFIXES = ("", "_total", "_bucket", "_sum", "_count")  # metadata family
 _MASK64 = (1 << 64) - 1
 _ID_MASK = (1 << 60) - 1  # input ids: 60 bits, a 32-byte int (64 bits take 36)
 _CLAIM = 1 << 64  # set in a pass decision's id: the rules changed the series, its output is claimed
+_POS_SHIFT = 65  # above it in a pass decision's id: 1 + where the external labels go into the key
 _COUNTER = 1  # MetricMetadata.MetricType COUNTER
 _ENTRY_OVERHEAD = 260  # dict slot, key object, decision and input tuples, input id (measured, bench/)
 _DEST_OVERHEAD = 120  # per destination that sends or aggregates: tuple, output bytes object, id
@@ -152,6 +153,7 @@ class _DestinationStage:
         self.shards = max(1, dest.queue.max_shards)
         self.counters = counters  # the pipeline's: metric family -> last seen as a counter
         self.collisions = collisions
+        self.external = b""  # the external labels' bytes, set by the pipeline
         self.owners = CollisionOwners()
         self.prune_hint = (
             f"prune_labels {list(dest.prune_labels)}" if dest.prune_labels else "write_relabel_configs"
@@ -185,11 +187,15 @@ class _DestinationStage:
         return metric.endswith("_total") or metric in self.counters
 
     # -- stateless ---------------------------------------------------------------------------------
-    def decide(self, key: bytes, labels: Labels, unchanged: bool) -> wire.DestDecision:
-        """Cold path for one destination, after its rules produced ``labels``; no side effect.
+    def decide(self, key: bytes, labels: Labels, unchanged: bool,
+               scratch: dict[bytes, Labels] | None = None) -> wire.DestDecision:
+        """Cold path for one destination, after its rules produced ``labels``; no side effect
+        (``scratch`` only remembers the output's labels for the current request).
 
         Three kinds: a drop ``(b"", 0, reason)``; an aggregated series ``(group key, -(rule + 1),
-        metric)``; a series sent ``(output label bytes, output id [| _CLAIM], metric)``."""
+        metric)``; a series sent ``(output label bytes, output id [| _CLAIM] [| (pos + 1) << 65],
+        metric)``. With a position, the output is the input key with the external labels' bytes
+        (the shared first slot) inserted at ``pos``: the cache then keeps no copy of the output."""
         violation = amp_violation(labels, self.amp_limits)
         if violation is not None:
             return _drop(violation)
@@ -202,8 +208,15 @@ class _DestinationStage:
         lb = wire.encode_labels(labels)
         if lb == key:
             lb = key  # one bytes object for the cache key and the output
-        sid = wire.series_id(lb)
-        return (lb, sid if unchanged else sid | _CLAIM, metric)
+        if scratch is not None:
+            scratch[lb] = labels
+        sid = wire.series_id(lb) if unchanged else wire.series_id(lb) | _CLAIM
+        ext = self.external
+        if ext and len(lb) == len(key) + len(ext):
+            pos = lb.find(ext)
+            if pos >= 0 and lb[:pos] == key[:pos] and lb[pos + len(ext):] == key[pos:]:
+                return (ext, sid | (pos + 1) << _POS_SHIFT, metric)
+        return (lb, sid, metric)
 
     # -- stateful, every occurrence ----------------------------------------------------------------
     def take(
@@ -254,8 +267,16 @@ class _DestinationStage:
                     drops["aggregate_histogram"] = drops.get("aggregate_histogram", 0) + n - floats
                 continue
             if sid > _MASK64:
+                high = sid >> 64
                 sid &= _MASK64
-                ok = owners.claim(sid, inputs[j][0][1], in_active, contains)
+                if high > 1:  # the output is the input key with the external labels inserted
+                    pos = (high >> 1) - 1
+                    key = inputs[j][0][0]
+                    lb = key[:pos] + lb + key[pos:]
+                if high & 1:
+                    ok = owners.claim(sid, inputs[j][0][1], in_active, contains)
+                else:
+                    ok = not owners.owners or owners.unchanged(sid, inputs[j][0][1], in_active)
             else:
                 ok = not owners.owners or owners.unchanged(sid, inputs[j][0][1], in_active)
             if not ok:
@@ -387,8 +408,10 @@ class Pipeline:
                               self.collisions)
             for i, d in enumerate(config.destinations)
         ]
+        external = wire.encode_labels(config.external_labels)
         for stage in self.stages:
             stage.amp_limits = self.amp_limits
+            stage.external = external
         self._young: dict[bytes, wire.Decision] = {}
         self._old: dict[bytes, wire.Decision] = {}
         self._young_bytes = self._old_bytes = 0
@@ -433,7 +456,8 @@ class Pipeline:
         size = _ENTRY_OVERHEAD + len(key)
         for d in decision[1:]:
             if d is not None and d[0]:
-                size += _DEST_OVERHEAD + (0 if d[0] is key else len(d[0]))
+                shared = d[0] is key or (d[1] > 0 and d[1] >> _POS_SHIFT)
+                size += _DEST_OVERHEAD + (0 if shared else len(d[0]))
         return size
 
     def _decide_cached(self, key: bytes) -> wire.Decision:
@@ -472,10 +496,7 @@ class Pipeline:
         for i, stage in enumerate(self.stages):
             result = None if base is None else self.rules.apply_destination(i, base)
             # every destination gets a decision (never None), so entries line up with the inputs
-            d = _RULES if result is None else stage.decide(key, result, result == plain)
-            if d[0] and d[1] >= 0:
-                self._scratch[d[0]] = result  # type: ignore[assignment]
-            out.append(d)
+            out.append(_RULES if result is None else stage.decide(key, result, result == plain, self._scratch))
         return tuple(out)
 
     def _labels(self, lb: bytes) -> Labels:

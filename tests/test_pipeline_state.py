@@ -100,6 +100,29 @@ def test_same_series_with_labels_in_another_order_is_one_series_not_a_collision(
     assert snap["active_series"] == {"in": 1, "out": 1}
 
 
+@pytest.mark.parametrize(("external", "splices"), [
+    ("{cluster: c}", True), ("{cluster: c, zone: z}", True),
+    ("{AAA: first, zzz: last}", False),  # never contiguous: each output is kept whole
+])
+def test_external_labels_spliced_into_cached_series_give_exact_sorted_output(
+        make: MakeHarness, tmp_path: Path, external: str, splices: bool) -> None:
+    h = make(_config(tmp_path, "  - name: d\n    url: http://127.0.0.1:1/api/v1/write\n    queue: {max_shards: 1}\n",
+                     head=f"external_labels: {external}\n"))
+    ext = dict(h.config.external_labels)
+    inputs = [S("m", gpu="0"), S("m", UUID="u", gpu="1", zone="own"), S("m", cluster="mine"), S("a_metric"),
+              S("m", zzzz="9", AA="1")]
+    for step in range(2):  # the second round is served from the decision cache
+        h.ingest([(lb, [(T0 + step, 1.0)]) for lb in inputs])
+    spliced = [d for dec in h.pipeline._young.values() for d in dec[1:] if d and d[1] > 0 and d[1] >> 65]
+    assert bool(spliced) is splices
+    want = {(tuple(sorted({**ext, **dict(lb)}.items())), T0 + step, 1.0) for lb in inputs for step in range(2)}
+    assert h.queued_set("d") == want
+    for payload in h.payloads("d"):  # and protobuf reads the labels sorted, as receivers require
+        for ts in remote_v1_pb2.WriteRequest.FromString(payload).timeseries:
+            names = [x.name for x in ts.labels]
+            assert names == sorted(names)
+
+
 MIXED_DESTS = """\
   - name: amp
     url: http://127.0.0.1:1/api/v1/write
