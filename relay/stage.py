@@ -252,7 +252,8 @@ class DestinationStage:
             size = len(lb) + len(rest)  # one WriteRequest field-1 entry: tag, length, labels, rest
             parts[shard] += (b"\n", prefix[size] if size < 0x4000 else encode_uvarint(size), lb, rest)
             counts[shard] += n
-            _add_oldest(oldest, shard, ts)
+            if ts and (ts < oldest[shard] or not oldest[shard]):
+                oldest[shard] = ts
             kept += n
         if seen:
             tracker.observe_batch(seen, lambda i: labels_of(seen_lb[i]))
