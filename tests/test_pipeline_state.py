@@ -393,6 +393,15 @@ def test_metadata_goes_only_to_destinations_that_keep_the_family(make: MakeHarne
     assert _families(h.payloads("all")) == ["gpu_errors", "rpc_seconds", "node_load1"]
 
 
+def test_a_malformed_metadata_entry_is_not_forwarded(make: MakeHarness, tmp_path: Path) -> None:
+    h = make(_config(tmp_path, "  - name: d\n    url: http://127.0.0.1:1/api/v1/write\n    queue: {max_shards: 1}\n"))
+    h.ingest([(S("gpu_errors_total"), [(T0, 1.0)])])
+    bad = b"\x1a\x03\x08\xff\xff"  # a MetricMetadata whose type varint runs past its end
+    h.pipeline.ingest(bad + _md("gpu_errors"))
+    assert _families(h.payloads("d")) == ["gpu_errors"]
+    assert all(bad not in p for p in h.payloads("d"))
+
+
 def test_no_metadata_for_a_destination_with_send_metadata_false(make: MakeHarness, tmp_path: Path) -> None:
     h = make(_config(tmp_path, "  - name: d\n    url: http://127.0.0.1:1/api/v1/write\n"))
     # DestinationConfig.send_metadata comes with the config change (interface 4); set it directly
