@@ -24,6 +24,7 @@ windows (samples over ``MAX_FUTURE_S`` ahead open none).
 
 from __future__ import annotations
 
+import bisect
 import logging
 import sys
 import threading
@@ -41,7 +42,7 @@ from relay.limits import AmpLimits, CollisionDetector
 from relay.metrics import RelayMetrics
 from relay.queue import DurableQueue, Piece
 from relay.rules import Rules, add_external_labels
-from relay.stage import RULES, DestinationStage, decode_labels, metadata_entries
+from relay.stage import RULES, DestinationStage, decode_labels_canonical, metadata_entries
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,8 @@ class Pipeline:
                               self.collisions)
             for i, d in enumerate(config.destinations)
         ]
-        external = wire.encode_labels(config.external_labels)
+        self._external: Labels = tuple(sorted(config.external_labels))
+        external = wire.encode_labels(self._external)
         for stage in self.stages:
             stage.amp_limits = self.amp_limits
             stage.external = external
@@ -144,7 +146,7 @@ class Pipeline:
 
     # -- the cold path: once per distinct input label set, no side effect ---------------------------
     def decide(self, key: bytes) -> wire.Decision:
-        labels = decode_labels(key)  # raises WireError(400) for an invalid label set
+        labels, offsets = decode_labels_canonical(key)  # raises WireError(400) for an invalid label set
         metric_in = sys.intern(label_get(labels, METRIC_NAME))
         # The input's identity: a 64-bit hash of its sorted label set (so the same series with its
         # labels in another order is the same series). In memory only, never on disk: Python's hash.
@@ -152,12 +154,27 @@ class Pipeline:
         self._scratch[key] = labels
         out: list[wire.DestDecision | None] = [(key, in_id, metric_in)]
         base = self.rules.apply_global(labels)
-        plain = add_external_labels(labels, self.config.external_labels)
+        plain = add_external_labels(labels, self._external)
+        splice = None if offsets is None else self._splice(labels, plain, offsets, len(key))
         for i, stage in enumerate(self.stages):
             result = None if base is None else self.rules.apply_destination(i, base)
             # every destination gets a decision (never None), so entries line up with the inputs
-            out.append(RULES if result is None else stage.decide(key, result, result == plain, self._scratch))
+            out.append(RULES if result is None else
+                       stage.decide(key, result, result == plain, self._scratch, splice))
         return tuple(out)
+
+    def _splice(self, labels: Labels, plain: Labels, offsets: list[int], end: int) -> int | None:
+        """For a canonical key: -1 when ``plain`` (labels + external labels) is the key's own label
+        set; the byte offset where every external label goes in, when they all do, together; else None."""
+        if plain is labels:
+            return -1
+        ext = self._external
+        if len(plain) != len(labels) + len(ext):
+            return None
+        i = bisect.bisect_left(labels, ext[0])
+        if i < len(labels) and not ext[-1][0] < labels[i][0]:
+            return None
+        return offsets[i] if i < len(offsets) else end
 
     def _labels(self, lb: bytes) -> Labels:
         """Labels of input or output label bytes: decided in this request, else decoded."""

@@ -46,13 +46,20 @@ def decode_labels(key: bytes) -> Labels:
     """``wire.decode_labels`` with a fast path for label sets as protobuf serialises them (every
     Label entry ``0x0a len 0x0a len name [0x12 len value]``, lengths under 128); anything else, and
     every error, goes through ``wire.decode_labels`` so results and messages are the same."""
+    return decode_labels_canonical(key)[0]
+
+
+def decode_labels_canonical(key: bytes) -> tuple[Labels, list[int] | None]:
+    """``decode_labels``, and where ``key`` is exactly ``wire.encode_labels`` of the result (fast
+    path, already sorted) the byte offset of each label's entry in it; else None."""
     out: list[tuple[str, str]] = []
+    offsets: list[int] = []
     n = len(key)
     p = 0
     try:
         while p < n:
             if key[p] != 0x0A or key[p + 1] >= 0x80 or key[p + 2] != 0x0A or key[p + 3] >= 0x80:
-                return wire.decode_labels(key)
+                return wire.decode_labels(key), None
             end = p + 2 + key[p + 1]
             ne = p + 4 + key[p + 3]
             if ne == end:
@@ -60,22 +67,21 @@ def decode_labels(key: bytes) -> Labels:
             elif key[ne] == 0x12 and key[ne + 1] < 0x80 and ne + 2 + key[ne + 1] == end:
                 value = key[ne + 2 : end].decode()
             else:
-                return wire.decode_labels(key)
-            if ne > end or end > n or ne == p + 4:  # truncated, or an empty name
-                return wire.decode_labels(key)
-            if value:
-                out.append((key[p + 4 : ne].decode(), value))
-            else:
-                out.append(("", ""))  # an empty value: the slow path keeps the checks in one place
-                return wire.decode_labels(key)
+                return wire.decode_labels(key), None
+            if ne > end or end > n or ne == p + 4 or not value:  # truncated, empty name or value
+                return wire.decode_labels(key), None  # (the slow path keeps the checks in one place)
+            out.append((key[p + 4 : ne].decode(), value))
+            offsets.append(p)
             p = end
     except (IndexError, UnicodeDecodeError):
-        return wire.decode_labels(key)
-    out.sort()
-    for i in range(1, len(out)):
-        if out[i][0] == out[i - 1][0]:
-            return wire.decode_labels(key)  # a duplicate name: its error message
-    return tuple(out)
+        return wire.decode_labels(key), None
+    ordered = all(out[i - 1][0] < out[i][0] for i in range(1, len(out)))
+    if not ordered:
+        out.sort()
+        for i in range(1, len(out)):
+            if out[i][0] == out[i - 1][0]:
+                return wire.decode_labels(key), None  # a duplicate name: its error message
+    return tuple(out), offsets if ordered else None
 
 
 def _decoder(lb: bytes) -> Callable[[], Labels]:
@@ -145,9 +151,11 @@ class DestinationStage:
 
     # -- stateless ---------------------------------------------------------------------------------
     def decide(self, key: bytes, labels: Labels, unchanged: bool,
-               scratch: dict[bytes, Labels] | None = None) -> wire.DestDecision:
+               scratch: dict[bytes, Labels] | None = None, splice: int | None = None) -> wire.DestDecision:
         """Cold path for one destination, after its rules produced ``labels``; no side effect
-        (``scratch`` only remembers the output's labels for the current request).
+        (``scratch`` only remembers the output's labels for the current request). ``splice``, for a
+        canonical key: -1 when ``unchanged`` labels are the key's own, else where the external
+        labels' bytes go into the key to make the ``unchanged`` output (None: encode it).
 
         Three kinds: a drop ``(b"", 0, reason)``; an aggregated series ``(group key, -(rule + 1),
         metric)``; a series sent ``(output label bytes, output id [| CLAIM] [| (pos + 1) << 65],
@@ -162,13 +170,20 @@ class DestinationStage:
             if routed is not None:
                 rule, group = routed
                 return (wire.encode_labels(group), -(rule + 1), metric)
+        ext = self.external
+        if unchanged and splice is not None:
+            if splice < 0:
+                return (key, wire.series_id(key), metric)
+            full = key[:splice] + ext + key[splice:]
+            if scratch is not None:
+                scratch[full] = labels
+            return (ext, wire.series_id(full) | (splice + 1) << POS_SHIFT, metric)
         lb = wire.encode_labels(labels)
         if lb == key:
             lb = key  # one bytes object for the cache key and the output
         if scratch is not None:
             scratch[lb] = labels
         sid = wire.series_id(lb) if unchanged else wire.series_id(lb) | CLAIM
-        ext = self.external
         if ext and len(lb) == len(key) + len(ext):
             pos = lb.find(ext)
             if pos >= 0 and lb[:pos] == key[:pos] and lb[pos + len(ext):] == key[pos:]:

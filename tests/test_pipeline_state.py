@@ -24,6 +24,7 @@ from relay.pipeline import AGGREGATE_GRACE_MS, Pipeline
 from relay.proto import remote_v1_pb2
 from relay.queue import DurableQueue
 from relay.stage import decode_labels as pipeline_decode_labels
+from relay.stage import decode_labels_canonical
 from tests.test_pipeline import T0, Clock, Harness, MakeHarness, S, _config, _metadata_entry, harnesses
 
 
@@ -110,9 +111,11 @@ def test_external_labels_spliced_into_cached_series_give_exact_sorted_output(
                      head=f"external_labels: {external}\n"))
     ext = dict(h.config.external_labels)
     inputs = [S("m", gpu="0"), S("m", UUID="u", gpu="1", zone="own"), S("m", cluster="mine"), S("a_metric"),
-              S("m", zzzz="9", AA="1")]
+              S("m", zzzz="9", AA="1"), S("m", gpu="2", pod="p")]
     for step in range(2):  # the second round is served from the decision cache
-        h.ingest([(lb, [(T0 + step, 1.0)]) for lb in inputs])
+        h.ingest([(lb, [(T0 + step, 1.0)]) for lb in inputs[:-1]])
+        # the last one with its labels in reverse order (a key that is not canonical)
+        h.pipeline.ingest(_series_raw(list(reversed(inputs[-1])), [(T0 + step, 1.0)]))
     spliced = [d for dec in h.pipeline.cache.young.values() for d in dec[1:] if d and d[1] > 0 and d[1] >> 65]
     assert bool(spliced) is splices
     want = {(tuple(sorted({**ext, **dict(lb)}.items())), T0 + step, 1.0) for lb in inputs for step in range(2)}
@@ -532,6 +535,14 @@ def test_fast_label_decoder_equals_wire_decode_labels_errors_included(
     except wire.WireError as e:
         got = (e.status, str(e))
     assert got == expected
+    if isinstance(expected, tuple) and expected and isinstance(expected[0], tuple):
+        labels, offsets = decode_labels_canonical(raw)
+        if offsets is not None:  # claimed canonical: the key is exactly the encoding, entries where said
+            assert wire.encode_labels(labels) == raw
+            assert offsets == [len(wire.encode_labels(labels[:i])) for i in range(len(labels))]
+        elif raw == wire.encode_labels(labels) and all(len(n.encode()) < 100 and len(v.encode()) < 100
+                                                        for n, v in labels):
+            raise AssertionError("a canonical short key was not recognised")
 
 
 def test_fast_label_decoder_handles_long_labels_and_invalid_utf8() -> None:
