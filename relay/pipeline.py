@@ -46,7 +46,8 @@ from relay.stage import RULES, DestinationStage, decode_labels_canonical, metada
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CACHE_MAX_BYTES = 192 * 1024 * 1024  # decision cache budget (relay.decision_cache.entry_bytes): ~250k dcgm series
+# decision cache budget, estimated as relay.decision_cache.entry_bytes does: ~250k dcgm-like series
+DEFAULT_CACHE_MAX_BYTES = 192 * 1024 * 1024
 AGGREGATE_GRACE_MS = 10_000  # windows close this long after their end (late scrapes, batching)
 MAX_COUNTER_FAMILIES = 100_000  # counter families learnt from metadata (beyond: only the _total suffix)
 _ID_MASK = (1 << 60) - 1  # input ids: 60 bits, a 32-byte int (64 bits take 36)
