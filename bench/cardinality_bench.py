@@ -6,6 +6,10 @@ the tracker alone: series ids are random 64-bit ints (what the relay's label has
 
     .venv/bin/python bench/cardinality_bench.py            # 1M and 5M (about a minute on 2 cores)
     .venv/bin/python bench/cardinality_bench.py 200000     # other sizes
+
+The tracker alone (no labels, no decision cache); for the whole pipeline's memory per active series
+(both trackers with label statistics, collision owners, the decision cache) and the cost of the
+first sight of a series, see bench/pipeline_memory_bench.py.
 """
 
 from __future__ import annotations

@@ -18,23 +18,31 @@ A counter (``_total`` suffix or counter metadata) gets ``total`` (whether listed
 ``count_series`` if listed; sum/avg/min/max/last of raw cumulative values are not emitted for it.
 ``total`` is not emitted for gauges.
 
+Members are the distinct INPUT series of a group (the caller's ``series_id``: two input series that
+pruning made identical are two members). Each member's samples count once: a sample at or before
+the member's last accepted timestamp is ignored, so a request Prometheus resends (after a 503 from
+another destination) is not aggregated twice.
+
 Windows close when ``flush(now_ms)`` passes their end (pass ``now_ms - lag`` for a grace period).
 A sample for a window already flushed is late: it goes into the earliest open window, so outputs
-never go back in time. Group state unseen for ``staleness_s`` (default 2 intervals, by the injected
-clock) is dropped once its windows are flushed.
+never go back in time. A sample more than ``max_future_s`` ahead of the clock opens no window: it is
+refused (``add`` returns how many), so a client cannot make windows pile up. Group state unseen for
+``staleness_s`` (default 2 intervals, by the injected clock) is dropped once its windows are flushed,
+and a member unseen for that long is forgotten.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from relay.labels import METRIC_NAME, Labels
 from relay.selector import Selector
 
 OUTPUTS = ("sum", "avg", "min", "max", "count_series", "last", "total")
+MAX_FUTURE_S = 600.0  # like Cortex/AMP's creation grace period: later samples are "too far in future"
 _COUNTER_OUTPUTS = frozenset({"total", "count_series"})
 
 
@@ -129,17 +137,19 @@ class _Group:
         self.windows: dict[int, _Window] = {}  # window start (ms) -> state
         self.closed_until = -(2**63)  # windows starting before this are flushed
         self.cumulative = 0.0  # total so far (counters)
-        self.series_last: dict[int, tuple[int, float]] = {}  # counters: series -> last (ts, value)
+        self.series_last: dict[int, tuple[int, float]] = {}  # member -> last accepted (ts, value)
         self.seen = seen
 
 
 class Aggregator:
     """One per destination. Not thread-safe: the caller serialises ``add`` and ``flush``."""
 
-    def __init__(self, rules: Sequence[AggregateRule], clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, rules: Sequence[AggregateRule], clock: Callable[[], float] = time.time, *,
+                 max_future_s: float = MAX_FUTURE_S) -> None:
         self.rules = tuple(rules)
         self._clock = clock
-        self._groups: dict[tuple[int, Labels], _Group] = {}
+        self._max_future_ms = round(max_future_s * 1000)
+        self._groups: dict[tuple[int, Hashable], _Group] = {}
 
     def route(self, labels: Labels, is_counter: bool = False) -> tuple[int, Labels] | None:
         """(rule index, group labels) for the first rule matching, or None (series passes through)."""
@@ -152,18 +162,44 @@ class Aggregator:
     def groups(self) -> int:
         return len(self._groups)
 
-    def add(self, rule: int, group: Labels, series_id: int, samples: Sequence[tuple[int, float]],
-            is_counter: bool) -> None:
+    def windows(self) -> int:
+        """Open windows over all groups."""
+        return sum(len(g.windows) for g in self._groups.values())
+
+    def members(self) -> int:
+        """Input series remembered over all groups (their last accepted sample)."""
+        return sum(len(g.series_last) for g in self._groups.values())
+
+    def add(self, rule: int, group: Hashable, series_id: int, samples: Sequence[tuple[int, float]],
+            is_counter: bool, labels: Callable[[], Labels] | None = None) -> int:
+        """Add one member's samples to a group. ``group`` is any key naming the group (its labels by
+        default; ``labels()`` gives them when the group is new). Returns the samples refused for being
+        too far in the future."""
         key = (rule, group)
         g = self._groups.get(key)
         now = self._clock()
+        horizon = round(now * 1000) + self._max_future_ms
         if g is None:
-            g = self._groups[key] = _Group(rule, group, is_counter, now)
+            if all(ts > horizon for ts, _ in samples):
+                return len(samples)  # opens no group either
+            group_labels = labels() if labels is not None else group
+            g = self._groups[key] = _Group(rule, group_labels, is_counter, now)  # type: ignore[arg-type]
         g.seen = now
         interval = round(self.rules[rule].interval_s * 1000)
+        refused = 0
+        members = g.series_last
         for ts, value in samples:
+            if ts > horizon:
+                refused += 1
+                continue
             if math.isnan(value):
                 continue  # staleness markers and NaNs carry no value to aggregate
+            prev = members.get(series_id)
+            if prev is not None and ts <= prev[0]:
+                continue  # this member already gave this sample (a resend) or a later one
+            if g.counter:
+                w_increase = value if prev is None else (value - prev[1] if value >= prev[1] else value)
+            members[series_id] = (ts, value)
             start = ts - ts % interval
             if start < g.closed_until:
                 start = g.closed_until  # late: into the earliest open window
@@ -171,7 +207,7 @@ class Aggregator:
             if w is None:
                 w = g.windows[start] = _Window()
             if g.counter:
-                self._add_counter(g, w, series_id, ts, value)
+                w.increase += w_increase
             w.count += 1
             w.total += value
             if value < w.min:
@@ -180,26 +216,17 @@ class Aggregator:
                 w.max = value
             if ts >= w.last_ts:
                 w.last_ts, w.last_v = ts, value
-            prev = w.per_series.get(series_id)
-            if prev is None or ts >= prev[0]:
-                w.per_series[series_id] = (ts, value)
+            w.per_series[series_id] = (ts, value)
+        return refused
 
-    @staticmethod
-    def _add_counter(g: _Group, w: _Window, series_id: int, ts: int, value: float) -> None:
-        prev = g.series_last.get(series_id)
-        if prev is None:
-            w.increase += value
-        elif ts <= prev[0]:
-            return  # older than what this series already contributed: no new information
-        else:
-            w.increase += value - prev[1] if value >= prev[1] else value
-        g.series_last[series_id] = (ts, value)
-
-    def flush(self, now_ms: int) -> list[tuple[Labels, int, float]]:
-        """Outputs of every window that ended at or before ``now_ms``, in time order per group."""
+    def flush(self, now_ms: int | None = None) -> list[tuple[Labels, int, float]]:
+        """Outputs of every window that ended at or before ``now_ms`` (None: every open window, for a
+        graceful stop), in time order per group."""
         out: list[tuple[Labels, int, float]] = []
         now = self._clock()
-        stale: list[tuple[int, Labels]] = []
+        if now_ms is None:
+            now_ms = 2**62
+        stale: list[tuple[int, Hashable]] = []
         for key, g in self._groups.items():
             rule = self.rules[g.rule]
             interval = round(rule.interval_s * 1000)
@@ -210,7 +237,7 @@ class Aggregator:
                     g.closed_until = end
                     self._emit(out, g, rule, w, end)
             staleness = rule.staleness_s if rule.staleness_s is not None else 2 * rule.interval_s
-            if g.series_last:  # forget counters that stopped, so a group does not grow without bound
+            if g.series_last:  # forget members that stopped, so a group does not grow without bound
                 horizon = g.closed_until - round(staleness * 1000)
                 for sid in [s for s, (ts, _) in g.series_last.items() if ts < horizon]:
                     del g.series_last[sid]

@@ -10,10 +10,11 @@ seen in slot ``g`` is active until slot ``g + slots`` ends, so it leaves between
 ``window_s + window_s/slots`` after its last sample. ``expire()`` sweeps at C speed (``map``/
 ``compress`` over the dict) and compacts the table when it shrank by half.
 
-Distinct label values are kept apart from series, per metric and label name, as ``value -> slot
-last supplied``. Labels arrive with ``observe(..., labels)`` on cache misses; a value leaves when no
-series supplied it for the window. :meth:`SeriesTracker.wants_labels` tells a caller when a known
-series' labels are due again (half a window), so label statistics stay exact for stable series too.
+Distinct label values are kept apart from series, per metric and label name, as ``hash(value) -> slot
+last supplied`` (values are only counted, so a 60-bit hash stands in for the string); a value leaves
+when no series supplied it for the window. :meth:`SeriesTracker.observe_batch` asks for a series'
+labels when it is new and again every half window, so label statistics stay exact for stable
+series too, without decoding labels on every occurrence.
 At most ``max_values`` values per (metric, label) are tracked; :meth:`capped_labels` names those
 that hit the cap (their counts are then lower bounds).
 """
@@ -23,14 +24,21 @@ from __future__ import annotations
 import collections
 import itertools
 import operator
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from relay.labels import METRIC_NAME, Labels
 
 if TYPE_CHECKING:
     from relay.cost import PriceTable
+
+_VALUE_MASK = (1 << 60) - 1  # label values are kept as 60-bit hashes (32-byte ints)
+
+# gpu_relay_series_limit_dropped_total{metric}: the first names refused keep their own label (a
+# counter cannot move between labels), every later one counts under metric="other".
+MAX_LIMIT_METRIC_LABELS = 50
 
 
 class _Slot:
@@ -61,8 +69,8 @@ class SeriesTracker:
         self._peak = 0
         self._slots: dict[tuple[str, int, int], _Slot] = {}
         self._per_metric: dict[str, int] = {}
-        # metric -> label name -> value -> slot last supplied
-        self._values: dict[str, dict[str, dict[str, int]]] = {}
+        # metric -> label name -> hash of a value -> slot last supplied
+        self._values: dict[str, dict[str, dict[int, int]]] = {}
 
     def _gen(self) -> int:
         return int((self._clock() - self._t0) // self._slot_s)
@@ -97,6 +105,41 @@ class SeriesTracker:
         if len(self._series) > self._peak:
             self._peak = len(self._series)
         return True
+
+    def observe_batch(self, items: Sequence[tuple[int, str]], labels_of: Callable[[int], Labels]) -> list[int]:
+        """``observe`` for a request's worth of series, one clock read for all. ``labels_of(i)`` gives
+        item i's labels; it is called only for series that are new or whose labels are due again (half
+        a window), so label statistics stay exact without decoding every occurrence. Returns the
+        indexes of the items that were not active (first sight in the window)."""
+        gen = self._gen()
+        series = self._series
+        wslots = self._wslots
+        due = wslots // 2
+        new: list[int] = []
+        for i, (series_id, metric) in enumerate(items):
+            slot = series.get(series_id)
+            if slot is not None:
+                if slot.gen == gen:
+                    continue  # the common case: already seen in this slot
+                if gen - slot.gen <= wslots:
+                    if slot.lgen >= 0 and gen - slot.lgen < due:
+                        series[series_id] = self._slot(slot.metric, gen, slot.lgen)
+                    else:
+                        self._note_labels(slot.metric, labels_of(i), gen)
+                        series[series_id] = self._slot(slot.metric, gen, gen)
+                    continue
+                self._forget(series_id, slot)  # out of the window but not swept yet: new again
+            new.append(i)
+            self._per_metric[metric] = self._per_metric.get(metric, 0) + 1
+            self._note_labels(metric, labels_of(i), gen)
+            series[series_id] = self._slot(metric, gen, gen)
+        if len(series) > self._peak:
+            self._peak = len(series)
+        return new
+
+    def has(self) -> Callable[[int], bool]:
+        """Membership test over the series kept (active, or expired but not swept yet), at C speed."""
+        return self._series.__contains__
 
     def observe_many(self, items: list[tuple[int, str]]) -> None:
         """``observe`` for a request's worth of series (no labels): one clock read for all."""
@@ -134,8 +177,9 @@ class SeriesTracker:
             values = per_name.get(name)
             if values is None:
                 values = per_name[name] = {}
-            if value in values or len(values) < cap:
-                values[value] = gen
+            key = hash(value) & _VALUE_MASK  # counted, never shown: a hash costs less than the string
+            if key in values or len(values) < cap:
+                values[key] = gen
 
     def wants_labels(self, series_id: int) -> bool:
         """True when the series is unknown or its labels were last supplied over half a window ago."""
@@ -161,7 +205,7 @@ class SeriesTracker:
         if metric is not None:
             counts = {name: len(v) for name, v in self._values.get(metric, {}).items() if v}
         else:
-            union: dict[str, set[str]] = {}
+            union: dict[str, set[int]] = {}
             for per_name in self._values.values():
                 for name, values in per_name.items():
                     union.setdefault(name, set()).update(values)
@@ -245,11 +289,15 @@ class _RateWindow:
 
 
 class DestinationStats:
-    """Everything ``/api/v1/cardinality`` reports for one destination."""
+    """Everything ``/api/v1/cardinality`` reports for one destination.
+
+    ``lock`` guards the trackers and drop counts: the pipeline replaces it with its own lock (held
+    while it routes a request), so :meth:`snapshot` is a consistent view under concurrent ingest."""
 
     def __init__(self, name: str, window_s: float = 3600.0, clock: Callable[[], float] = time.monotonic,
                  *, metrics: CardinalityMetrics | None = None) -> None:
         self.name = name
+        self.lock: threading.RLock | Any = threading.RLock()
         self.window_s = window_s
         self.tracker_in = SeriesTracker(window_s, clock)
         self.tracker_out = SeriesTracker(window_s, clock)
@@ -263,18 +311,24 @@ class DestinationStats:
         self._rates.add(samples_in, samples_out)
 
     def record_drop(self, reason: str, series: int = 1, samples: int = 0) -> None:
-        entry = self._drops.get(reason)
-        if entry is None:
-            entry = self._drops[reason] = [0, 0]
-        entry[0] += series
-        entry[1] += samples
+        with self.lock:
+            entry = self._drops.get(reason)
+            if entry is None:
+                entry = self._drops[reason] = [0, 0]
+            entry[0] += series
+            entry[1] += samples
         if self._metrics is not None:
             self._metrics.series_dropped.labels(self.name, reason).inc(series)
 
     def expire(self) -> int:
-        return self.tracker_in.expire() + self.tracker_out.expire()
+        with self.lock:
+            return self.tracker_in.expire() + self.tracker_out.expire()
 
     def snapshot(self, limit: int = 10, price_table: PriceTable | None = None) -> dict[str, Any]:
+        with self.lock:
+            return self._snapshot(limit, price_table)
+
+    def _snapshot(self, limit: int, price_table: PriceTable | None) -> dict[str, Any]:
         from relay.cost import DEFAULT_PRICES, estimate_monthly
 
         prices = price_table or DEFAULT_PRICES
@@ -308,6 +362,7 @@ class CardinalityMetrics:
             "gpu_relay_series_dropped", "Series dropped before sending, by reason.",
             ["destination", "reason"], registry=registry)
         self._stats: dict[str, DestinationStats] = {}
+        self._limit_metrics: dict[str, set[str]] = {}  # destination -> metric label values in use
         registry.register(_ActiveSeriesCollector(self._stats))
 
     def track(self, stats: DestinationStats) -> None:
@@ -317,10 +372,17 @@ class CardinalityMetrics:
         self._stats.pop(name, None)
 
     def on_limit_drop(self, destination: str) -> Callable[[str, str], None]:
-        """An ``on_drop`` callback for :class:`relay.limits.SeriesLimiter` that counts the refusal."""
+        """An ``on_drop`` callback for :class:`relay.limits.SeriesLimiter` that counts the refusal.
+        At most ``MAX_LIMIT_METRIC_LABELS`` metric names get their own label; the rest ``other``."""
         counter = self.series_limit_dropped
+        names = self._limit_metrics.setdefault(destination, set())
 
         def on_drop(metric: str, limit: str) -> None:
+            if metric not in names:
+                if len(names) >= MAX_LIMIT_METRIC_LABELS:
+                    metric = "other"
+                else:
+                    names.add(metric)
             counter.labels(destination, metric, limit).inc()
 
         return on_drop

@@ -7,7 +7,10 @@ Reasons use the names AMP/Cortex report in CloudWatch ``DiscardedSamples`` (``la
 
 from __future__ import annotations
 
+import collections
+import itertools
 import logging
+import operator
 import re
 import time
 from collections.abc import Callable
@@ -22,6 +25,7 @@ AMP_MAX_LABELS = 70
 AMP_MAX_NAME_LEN = 128
 AMP_MAX_VALUE_LEN = 2048
 LOG_INTERVAL_S = 60.0
+MAX_LOGGED_NAMES = 1000
 _LOG = logging.getLogger(__name__)
 
 
@@ -45,10 +49,37 @@ def _valid_name(name: str, colon: bool) -> bool:
     return (_METRIC_NAME if colon else _LABEL_NAME).fullmatch(name) is not None
 
 
+_NAMES_OK = re.compile(r"(?:[a-zA-Z_][a-zA-Z0-9_]*\n)*")
+
+
 def amp_violation(labels: Labels, limits: AmpLimits = AmpLimits()) -> str | None:
     """The reason AMP would reject this series, or None. Labels are sorted (``relay.labels``)."""
     if len(labels) > limits.max_labels:
         return "max_label_names_per_series"
+    if _acceptable(labels, limits):
+        return None
+    return _violation(labels, limits)
+
+
+def _acceptable(labels: Labels, limits: AmpLimits) -> bool:
+    """Fast check that nothing is wrong (the common case): a few C-level passes, no per-label
+    Python loop. False means: look closer (``_violation`` finds the reason, in label order)."""
+    names = [n for n, _ in labels]
+    if len(set(names)) != len(names) or METRIC_NAME not in names:
+        return False
+    metric = labels[names.index(METRIC_NAME)][1]
+    others = [n for n in names if n != METRIC_NAME]
+    if others and max(map(len, others)) > limits.max_name_len:
+        return False
+    if _NAMES_OK.fullmatch("\n".join(others) + "\n" if others else "") is None:
+        return False
+    longest = max(map(len, [v for _, v in labels]))
+    if longest * 4 > limits.max_value_len:  # could exceed in UTF-8 bytes: the slow path measures
+        return False
+    return _valid_name(metric, colon=True)
+
+
+def _violation(labels: Labels, limits: AmpLimits) -> str | None:
     metric = ""
     previous = None
     for name, value in labels:
@@ -122,6 +153,10 @@ class SeriesLimiter:
         last = self._logged.get(metric)
         if last is not None and now - last < self._log_interval:
             return
+        if len(self._logged) >= MAX_LOGGED_NAMES:  # bounded: forget names not logged this interval
+            self._logged = {m: t for m, t in self._logged.items() if now - t < self._log_interval}
+            if len(self._logged) >= MAX_LOGGED_NAMES:
+                return  # that many distinct names refused within one interval: enough said
         self._logged[metric] = now
         top = ", ".join(f"{n}={c}" for n, c in self.tracker.top_labels(5, metric)) or "none recorded"
         value = self.max_series if limit == "max_series" else self.max_series_per_metric
@@ -167,11 +202,16 @@ class CollisionDetector:
         if self._active is not None and not self._active(destination, out_id):
             owners[out_id] = in_key
             return True
+        self.collided(destination, labels, rule_hint)
+        return False
+
+    def collided(self, destination: str, labels: Labels | Callable[[], Labels], rule_hint: str) -> None:
+        """Count (and log, at most once an interval per destination and rule) one collision found
+        by the caller; ``labels`` (of the output series) are only built when a line is logged."""
         self.collisions[destination] = self.collisions.get(destination, 0) + 1
         if self._on_collision is not None:
             self._on_collision(destination, rule_hint)
         self._maybe_log(destination, labels, rule_hint)
-        return False
 
     def release(self, destination: str, out_id: int) -> None:
         self._owners.get(destination, {}).pop(out_id, None)
@@ -180,14 +220,62 @@ class CollisionDetector:
         """Drop every claim of a destination (config reload, cache flush)."""
         self._owners.pop(destination, None)
 
-    def _maybe_log(self, destination: str, labels: Labels, rule_hint: str) -> None:
+    def _maybe_log(self, destination: str, labels: Labels | Callable[[], Labels], rule_hint: str) -> None:
         key = (destination, rule_hint)
         now = self._clock()
         last = self._logged.get(key)
         if last is not None and now - last < self._log_interval:
             return
         self._logged[key] = now
+        if callable(labels):
+            labels = labels()
         self._log.warning(
             "destination %s: %s maps distinct input series onto %s; keeping the first, dropping the others "
             "(%d so far). Add an aggregate rule (e.g. without: the pruned labels) to combine them instead.",
             destination, rule_hint, canonical(labels), self.collisions[destination])
+
+
+class CollisionOwners:
+    """Which input series owns each output series of one destination, keyed by 64-bit ids.
+
+    Only outputs that the destination's rules changed are claimed explicitly (``claim``); a series
+    the rules left as it was (only external labels added) is its output's implicit owner and costs
+    no entry (``unchanged``). The first claimant wins; a claim passes to another input series once
+    its owner is no longer active (``owner_active``). ``expire`` forgets claims of owners gone from
+    the window, so the table is bounded by the active series."""
+
+    def __init__(self) -> None:
+        self.owners: dict[int, int] = {}
+
+    def claim(self, out_id: int, in_id: int, owner_active: Callable[[int], bool],
+              out_active: Callable[[int], bool]) -> bool:
+        owner = self.owners.get(out_id)
+        if owner == in_id:
+            return True
+        if owner is None:
+            if out_active(out_id):
+                return False  # an unchanged series emits this output already: it owns it
+        elif owner_active(owner):
+            return False
+        self.owners[out_id] = in_id
+        return True
+
+    def unchanged(self, out_id: int, in_id: int, owner_active: Callable[[int], bool]) -> bool:
+        owner = self.owners.get(out_id)
+        if owner is None or owner == in_id:
+            return True
+        if owner_active(owner):
+            return False
+        del self.owners[out_id]
+        return True
+
+    def expire(self, alive: Callable[[int], bool]) -> int:
+        owners = self.owners
+        gone = list(itertools.compress(owners.keys(), map(operator.not_, map(alive, owners.values()))))
+        collections.deque(map(owners.__delitem__, gone), maxlen=0)
+        if gone and len(owners) < len(gone):  # dicts never shrink on delete: rebuild
+            self.owners = dict(owners)
+        return len(gone)
+
+    def __len__(self) -> int:
+        return len(self.owners)

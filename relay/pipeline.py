@@ -3,43 +3,56 @@
 Order of stages (DESIGN.md): decode -> external_labels -> global relabel -> per destination:
 write_relabel_configs -> prune_labels -> aggregate -> limits -> durable queue.
 
-The stateless stages run once per distinct input label set (``decide``), and the result is cached
-by the series' raw label bytes, so a series seen again costs one dict lookup in ``wire.route``.
-The stateful stages (active-series accounting, limits, aggregation) run per series per request in
-``_DestinationStage.take`` on ids computed once. The cache is rebuilt every ``CACHE_REFRESH_S`` so
-label statistics stay fresh and a collision owner that went quiet can be replaced.
+Two halves, kept apart so that no result depends on when a series was decided:
+
+- ``decide(key)``: the stateless half, once per distinct input label set (its raw label bytes):
+  rules, prune, the AMP per-series checks, the aggregation rule match and the output series'
+  identity. No side effect. Cached in a memory-bounded two-generation cache evicted incrementally
+  (a hit in the old generation moves the entry to the young one; entries left in the old one are
+  popped a few at a time), so there is never a stop-the-world clear.
+- ``route``: the stateful half, for EVERY occurrence of every series, keyed by the input series'
+  canonical identity (a hash of its sorted label set, so the same series with its labels in another
+  order is the same series): active-series accounting (in and out), limits, collision ownership,
+  aggregation membership. This is the per-series pass a native core can take over: plain tuples in
+  (the decisions, the series' rest bytes, sample counts), queue pieces out.
+
+Every per-series or per-name structure is bounded or expires with the series window: the trackers,
+collision owners (expire with their owner), counter families learnt from metadata (expire after a
+window unseen, capped), aggregation members (forgotten after the rule's staleness), and aggregation
+windows (samples over ``MAX_FUTURE_S`` ahead open none).
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from relay import wire
-from relay.aggregate import AggregateRule, Aggregator
 from relay.cardinality import CardinalityMetrics, DestinationStats, SeriesTracker
-from relay.config import Config, DestinationConfig
+from relay.config import Config
+from relay.decision_cache import DecisionCache
 from relay.labels import METRIC_NAME, Labels
 from relay.labels import get as label_get
-from relay.limits import AmpLimits, CollisionDetector, SeriesLimiter, amp_violation
+from relay.limits import AmpLimits, CollisionDetector
 from relay.metrics import RelayMetrics
-from relay.proto import remote_v1_pb2
-from relay.protowire import encode_uvarint
-from relay.queue import DurableQueue
-from relay.rules import Rules
-from relay.selector import parse_selector
+from relay.queue import DurableQueue, Piece
+from relay.rules import Rules, add_external_labels
+from relay.stage import RULES, DestinationStage, decode_labels_canonical, metadata_entries
 
 log = logging.getLogger(__name__)
 
-MAX_CACHE_ENTRIES = 2_000_000
-CACHE_REFRESH_S = 900.0
+# decision cache budget, estimated as relay.decision_cache.entry_bytes does: ~250k dcgm-like series
+DEFAULT_CACHE_MAX_BYTES = 192 * 1024 * 1024
 AGGREGATE_GRACE_MS = 10_000  # windows close this long after their end (late scrapes, batching)
-_COUNTER = remote_v1_pb2.MetricMetadata.COUNTER
+MAX_COUNTER_FAMILIES = 100_000  # counter families learnt from metadata (beyond: only the _total suffix)
+_ID_MASK = (1 << 60) - 1  # input ids: 60 bits, a 32-byte int (64 bits take 36)
 
-Piece = tuple[int, bytes, int]  # (shard, RW1 WriteRequest bytes, samples)
+__all__ = ["AGGREGATE_GRACE_MS", "IngestResult", "Piece", "Pipeline"]
 
 
 @dataclass(slots=True)
@@ -50,163 +63,6 @@ class IngestResult:
     exemplars: int = 0
     dropped_samples: int = 0  # lost to queue overflow while storing this request
     kept: list[int] = field(default_factory=list)  # samples kept per destination
-
-
-def _labels_of(lb: bytes) -> Callable[[], Labels]:
-    return lambda: wire.decode_labels(lb)
-
-
-def _const(labels: Labels) -> Callable[[], Labels]:
-    return lambda: labels
-
-
-class _DestinationStage:
-    """The stateful per-destination stages after the cached rules: aggregate, limits, sharding."""
-
-    def __init__(
-        self,
-        dest: DestinationConfig,
-        stats: DestinationStats,
-        metrics: RelayMetrics,
-        cardinality: CardinalityMetrics | None,
-        queue: DurableQueue | None,
-        clock: Callable[[], float],
-    ) -> None:
-        self.name = dest.name
-        self.dest = dest
-        self.amp_limits = AmpLimits()  # the pipeline sets its own
-        self.stats = stats
-        self.metrics = metrics
-        self.queue = queue
-        self.shards = max(1, dest.queue.max_shards)
-        self.prune_hint = (
-            f"prune_labels {list(dest.prune_labels)}" if dest.prune_labels else "write_relabel_configs"
-        )
-        rules = [
-            AggregateRule(
-                match=parse_selector(a.match),
-                interval_s=a.interval,
-                outputs=tuple(a.outputs),
-                without=tuple(a.without),
-                by=tuple(a.by),
-            )
-            for a in dest.aggregate
-        ]
-        self.aggregator: Aggregator | None = Aggregator(rules, clock=clock) if rules else None
-        # output series id -> (rule index, group labels) for series aggregated instead of sent
-        self.aggregated: dict[int, tuple[int, Labels]] = {}
-        self.counters: set[str] = set()  # metric families known to be counters (from metadata)
-        self.limiter: SeriesLimiter | None = None
-        count_limit = cardinality.on_limit_drop(dest.name) if cardinality is not None else None
-
-        def on_limit(metric: str, limit: str) -> None:
-            if count_limit is not None:
-                count_limit(metric, limit)
-            stats.record_drop(limit, series=1)
-
-        if dest.limits.max_series is not None or dest.limits.max_series_per_metric is not None:
-            self.limiter = SeriesLimiter(
-                dest.name, dest.limits.max_series, dest.limits.max_series_per_metric, stats.tracker_out,
-                on_drop=on_limit,
-            )
-
-    def is_counter(self, metric: str) -> bool:
-        return metric.endswith("_total") or metric in self.counters
-
-    def decide(self, key: bytes, labels: Labels, collisions: CollisionDetector,
-               amp_limits: AmpLimits) -> wire.DestDecision | None:
-        """Cold path for one destination, after its stateless rules produced ``labels``."""
-        violation = amp_violation(labels, amp_limits)
-        if violation is not None:
-            self.stats.record_drop(violation, series=1)
-            return (b"", 0, violation)
-        metric = label_get(labels, METRIC_NAME)
-        lb = wire.encode_labels(labels)
-        sid = wire.series_id(lb)
-        if self.aggregator is not None:
-            routed = self.aggregator.route(labels, self.is_counter(metric))
-            if routed is not None:
-                self.aggregated[sid] = routed
-                return (lb, sid, metric)
-        if not collisions.check(self.name, sid, key, labels, self.prune_hint):
-            self.stats.record_drop("collision", series=1)
-            return (b"", 0, "collision")
-        tracker = self.stats.tracker_out
-        if self.limiter is None or tracker.contains(sid):
-            tracker.observe(sid, metric, labels)  # refresh label statistics on cache misses
-        return (lb, sid, metric)
-
-    def take(self, entries: list[wire.RoutedEntry]) -> tuple[list[Piece], int, int]:
-        """Filter one request's routed series through aggregation and limits, and shard them.
-        Returns (queue pieces, samples kept, samples routed here)."""
-        shards = self.shards
-        parts: list[list[bytes]] = [[] for _ in range(shards)]
-        counts = [0] * shards
-        drops: dict[str, int] = {}
-        aggregated = self.aggregated
-        aggregator = self.aggregator
-        limiter = self.limiter
-        contains = self.stats.tracker_out.contains
-        seen: list[tuple[int, str]] = []
-        prefix = wire.LEN_PREFIX
-        kept = routed = 0
-        for decision, rest, n, _oldest in entries:
-            routed += n
-            lb, sid, metric = decision
-            if not lb:  # a drop decided once for this series; metric slot holds the reason
-                drops[metric] = drops.get(metric, 0) + n
-                continue
-            if aggregator is not None and sid in aggregated:
-                rule, group = aggregated[sid]
-                aggregator.add(rule, group, sid, wire.decode_samples(rest), self.is_counter(metric))
-                drops["aggregated"] = drops.get("aggregated", 0) + n
-                continue
-            if limiter is None or contains(sid):
-                seen.append((sid, metric))
-            elif not limiter.admit(sid, metric, _labels_of(lb)):
-                drops["series_limit"] = drops.get("series_limit", 0) + n
-                continue
-            shard = sid % shards
-            size = len(lb) + len(rest)  # one WriteRequest field-1 entry: tag, length, labels, rest
-            parts[shard] += (b"\n", prefix[size] if size < 0x4000 else encode_uvarint(size), lb, rest)
-            counts[shard] += n
-            kept += n
-        self.stats.tracker_out.observe_many(seen)
-        for reason, n in drops.items():
-            if n:
-                self.metrics.samples_dropped_total.labels(self.name, reason).inc(n)
-                self.stats.record_drop(reason, series=0, samples=n)
-        pieces = [(s, b"".join(parts[s]), counts[s]) for s in range(shards) if counts[s]]
-        return pieces, kept, routed
-
-    def flush_aggregates(self, now_ms: int) -> list[Piece]:
-        if self.aggregator is None:
-            return []
-        out = self.aggregator.flush(now_ms - AGGREGATE_GRACE_MS)
-        parts: list[list[bytes]] = [[] for _ in range(self.shards)]
-        counts = [0] * self.shards
-        drops: dict[str, int] = {}
-        for labels, ts, value in out:
-            # Aggregate outputs are series of this destination like any other: the same AMP
-            # per-series checks and cardinality limits apply (DESIGN.md: aggregate -> limits).
-            violation = amp_violation(labels, self.amp_limits)
-            if violation is not None:
-                drops[violation] = drops.get(violation, 0) + 1
-                continue
-            sid = wire.series_id(wire.encode_labels(labels))
-            metric = label_get(labels, METRIC_NAME)
-            if self.limiter is not None:
-                if not self.limiter.admit(sid, metric, _const(labels)):
-                    drops["series_limit"] = drops.get("series_limit", 0) + 1
-                    continue
-            else:
-                self.stats.tracker_out.observe(sid, metric, labels)
-            parts[sid % self.shards].append(wire.encode_write_request([(labels, [(ts, value)])]))
-            counts[sid % self.shards] += 1
-        for reason, n in drops.items():
-            self.metrics.samples_dropped_total.labels(self.name, reason).inc(n)
-            self.stats.record_drop(reason, series=0, samples=n)
-        return [(s, b"".join(parts[s]), counts[s]) for s in range(self.shards) if counts[s]]
 
 
 class Pipeline:
@@ -223,6 +79,8 @@ class Pipeline:
         clock: Callable[[], float] = time.time,
         amp_limits: AmpLimits | None = None,
         previous: Pipeline | None = None,
+        *,
+        cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES,
     ) -> None:
         self.config = config
         self.rules = Rules(config)
@@ -230,103 +88,149 @@ class Pipeline:
         self.clock = clock
         self.amp_limits = amp_limits or AmpLimits()
         self.stats = list(stats)
-        # Arriving series are the same for every destination: one tracker, shared by their reports.
-        self.tracker_in: SeriesTracker = self.stats[0].tracker_in
-        for s in self.stats[1:]:
+        # The lock is shared with the previous generation (a request that began before a reload may
+        # still be routed by it) and with the stats, so their snapshots are consistent.
+        self.lock: threading.RLock = previous.lock if previous is not None else threading.RLock()
+        # Arriving series are the same for every destination: one tracker, shared by their reports,
+        # and handed from generation to generation (whatever the order of the destinations).
+        self.tracker_in: SeriesTracker = previous.tracker_in if previous is not None else self.stats[0].tracker_in
+        self.counters: dict[str, float] = previous.counters if previous is not None else {}
+        self.collisions = CollisionDetector()
+        for s in self.stats:
             s.tracker_in = self.tracker_in
+            s.lock = self.lock
         self.stages = [
-            _DestinationStage(d, self.stats[i], metrics, cardinality, queues[i], clock)
+            DestinationStage(d, self.stats[i], metrics, cardinality, queues[i], clock, self.counters,
+                              self.collisions)
             for i, d in enumerate(config.destinations)
         ]
+        self._external: Labels = tuple(sorted(config.external_labels))
+        external = wire.encode_labels(self._external)
         for stage in self.stages:
             stage.amp_limits = self.amp_limits
-        by_name = {s.name: s for s in self.stages}
-        self.collisions = CollisionDetector(
-            active=lambda dest, sid: by_name[dest].stats.tracker_out.contains(sid)
-        )
-        self.cache: dict[bytes, wire.Decision] = {}
-        self._cache_born = time.monotonic()
-        self.lock = threading.Lock()
+            stage.external = external
+        self.cache = DecisionCache(cache_max_bytes)
+        self._scratch: dict[bytes, Labels] = {}  # labels decided during the current request
+        # (new stage, old stage) whose old aggregator's windows are still to be emitted (reload)
+        self._orphans: list[tuple[DestinationStage, DestinationStage]] = []
         if previous is not None:
             self._take_over(previous)
 
     def _take_over(self, previous: Pipeline) -> None:
-        """On reload, keep aggregation windows in progress (and counters' running totals): a
-        destination whose aggregate rules did not change keeps its aggregator. The lock is shared
-        too, as a request that began before the swap may still be routed by ``previous``."""
-        self.lock = previous.lock
+        """On reload, keep per-series state: collision owners per destination, and aggregation
+        windows in progress (with counters' running totals) where the aggregate rules did not change.
+        Where they changed, the old rules' open windows are emitted (early, as they stand) by the
+        next flush instead of being lost."""
         old = {s.name: s for s in previous.stages}
+        self._orphans = previous._orphans
         for stage in self.stages:
             o = old.get(stage.name)
             if o is None:
                 continue
-            stage.counters |= o.counters
+            stage.owners = o.owners
             if o.aggregator is not None and o.dest.aggregate == stage.dest.aggregate:
                 stage.aggregator = o.aggregator
+            elif o.aggregator is not None and o.aggregator.windows():
+                self._orphans.append((stage, o))
 
-    # -- the cold path: once per distinct input label set ---------------------------------------
+    # -- the decision cache --------------------------------------------------------------------------
+    def cache_bytes(self) -> int:
+        return self.cache.size()
+
+    def cache_entries(self) -> int:
+        return len(self.cache)
+
+    def set_cache_max_bytes(self, n: int) -> None:
+        with self.lock:
+            self.cache.max_bytes = n
+            self.cache.evict()
+
+    # -- the cold path: once per distinct input label set, no side effect ---------------------------
     def decide(self, key: bytes) -> wire.Decision:
-        labels = wire.decode_labels(key)  # raises WireError(400) for an invalid label set
-        metric_in = label_get(labels, METRIC_NAME)
-        in_id = wire.series_id(key)
-        self.tracker_in.observe(in_id, metric_in, labels)
+        labels, offsets = decode_labels_canonical(key)  # raises WireError(400) for an invalid label set
+        metric_in = sys.intern(label_get(labels, METRIC_NAME))
+        # The input's identity: a 64-bit hash of its sorted label set (so the same series with its
+        # labels in another order is the same series). In memory only, never on disk: Python's hash.
+        in_id = hash(labels) & _ID_MASK
+        self._scratch[key] = labels
         out: list[wire.DestDecision | None] = [(key, in_id, metric_in)]
         base = self.rules.apply_global(labels)
+        plain = add_external_labels(labels, self._external)
+        splice = None if offsets is None else self._splice(labels, plain, offsets, len(key))
         for i, stage in enumerate(self.stages):
             result = None if base is None else self.rules.apply_destination(i, base)
-            out.append(None if result is None else stage.decide(key, result, self.collisions, self.amp_limits))
+            # every destination gets a decision (never None), so entries line up with the inputs
+            out.append(RULES if result is None else
+                       stage.decide(key, result, result == plain, self._scratch, splice))
         return tuple(out)
 
-    # -- the hot path ----------------------------------------------------------------------------
+    def _splice(self, labels: Labels, plain: Labels, offsets: list[int], end: int) -> int | None:
+        """For a canonical key: -1 when ``plain`` (labels + external labels) is the key's own label
+        set; the byte offset where every external label goes in, when they all do, together; else None."""
+        if plain is labels:
+            return -1
+        ext = self._external
+        if len(plain) != len(labels) + len(ext):
+            return None
+        i = bisect.bisect_left(labels, ext[0])
+        if i < len(labels) and not ext[-1][0] < labels[i][0]:
+            return None
+        return offsets[i] if i < len(offsets) else end
+
+    def _labels(self, lb: bytes) -> Labels:
+        """Labels of input or output label bytes: decided in this request, else decoded."""
+        labels = self._scratch.get(lb)
+        return wire.decode_labels(lb) if labels is None else labels
+
+    # -- the per-series pass: every occurrence ---------------------------------------------------------
     def route(self, v1: bytes) -> tuple[IngestResult, list[list[Piece]]]:
         with self.lock:
-            if len(self.cache) > MAX_CACHE_ENTRIES or time.monotonic() - self._cache_born > CACHE_REFRESH_S:
-                self.cache.clear()
-                for stage in self.stages:
-                    stage.aggregated.clear()
-                self._cache_born = time.monotonic()
-            routed = wire.route(v1, len(self.stages) + 1, self.cache, self.decide)
+            self._scratch.clear()
+            cache = self.cache
+            routed = wire.route(v1, len(self.stages) + 1, cache.young, lambda key: cache.miss(key, self.decide))
+            cache.evict()
             result = IngestResult(
                 series=routed.series_in,
                 samples=routed.samples_in,
                 histograms=routed.histograms_in,
                 exemplars=routed.exemplars_in,
             )
-            self.tracker_in.observe_many([(d[1], d[2]) for d, _rest, _n, _ts in routed.per_dest[0]])
-            if routed.metadata:
-                self._learn_counters(routed.metadata)
+            inputs = routed.per_dest[0]
+            if any(len(d) != len(inputs) for d in routed.per_dest):
+                # decide() never answers None for a destination, so every list has every series
+                raise ValueError("wire.route: per-destination entries do not line up with the inputs")
+            new_in = set(self.tracker_in.observe_batch(
+                [(e[0][1], e[0][2]) for e in inputs], lambda i: self._labels(inputs[i][0][0])))
+            in_active = self.tracker_in.has()
+            md = metadata_entries(routed.metadata) if routed.metadata else []
+            if md:
+                self._learn_counters(md)
+            family_entries = [(family, raw) for family, raw, _ in md]
             pieces_per_dest: list[list[Piece]] = []
             for i, stage in enumerate(self.stages):
-                pieces, kept, routed_here = stage.take(routed.per_dest[i + 1])
-                by_rules = result.samples + result.histograms - routed_here  # n counts histograms too
-                if by_rules:
-                    self.metrics.samples_dropped_total.labels(stage.name, "rules").inc(by_rules)
-                    stage.stats.record_drop("rules", series=0, samples=by_rules)
-                if routed.metadata and (pieces or not routed.per_dest[0]):
-                    # Metadata passes through to every destination (metadata-only requests too).
-                    pieces.append((0, routed.metadata, 0))
+                pieces, kept, _ = stage.take(routed.per_dest[i + 1], inputs, new_in, in_active, self._labels)
+                metadata = stage.metadata(family_entries)
+                if metadata:
+                    pieces.append((0, metadata, 0, 0))
                 pieces_per_dest.append(pieces)
                 result.kept.append(kept)
-                stage.stats.record_samples(result.samples, kept)
+                stage.stats.record_samples(result.samples + result.histograms, kept)
+            self._scratch.clear()
             return result, pieces_per_dest
 
-    def _learn_counters(self, metadata: bytes) -> None:
-        req = remote_v1_pb2.WriteRequest()
-        try:
-            req.ParseFromString(metadata)
-        except Exception:  # metadata is best effort; the samples were validated by route()
-            return
-        counters = {m.metric_family_name for m in req.metadata if m.type == _COUNTER}
-        if counters:
-            for stage in self.stages:
-                stage.counters |= counters
+    def _learn_counters(self, md: list[tuple[str, bytes, bool]]) -> None:
+        now = self.clock()
+        counters = self.counters
+        for family, _, is_counter in md:
+            if is_counter and (family in counters or len(counters) < MAX_COUNTER_FAMILIES):
+                counters[family] = now
 
     def ingest(self, v1: bytes) -> IngestResult:
         """Route and durably queue one request. Returns only when every destination's share is
         committed (or dropped by rules); storage errors propagate for the caller to answer 503."""
         result, pieces_per_dest = self.route(v1)
         m = self.metrics
-        m.samples_received_total.inc(result.samples)
+        m.samples_received_total.inc(result.samples)  # float samples (histograms: result.histograms)
         for stage, pieces, kept in zip(self.stages, pieces_per_dest, result.kept, strict=True):
             if kept:
                 m.samples_kept_total.labels(stage.name).inc(kept)
@@ -340,17 +244,47 @@ class Pipeline:
         return result
 
     def flush_aggregates(self, now: float | None = None) -> None:
+        """Queue the aggregation windows that ended ``AGGREGATE_GRACE_MS`` before ``now``."""
         now_ms = int((self.clock() if now is None else now) * 1000)
+        self._flush(now_ms - AGGREGATE_GRACE_MS)
+
+    def flush_all(self) -> None:
+        """Queue every open aggregation window now (graceful stop)."""
+        self._flush(None)
+
+    def _flush(self, until_ms: int | None) -> None:
+        with self.lock:
+            orphans, self._orphans[:] = list(self._orphans), []
+        for stage, old in orphans:
+            with self.lock:
+                pieces = old.flush_aggregates(None)
+            if pieces and stage.queue is not None:
+                stage.queue.put(pieces)
         for stage in self.stages:
             if stage.aggregator is None:
                 continue
             with self.lock:
-                pieces = stage.flush_aggregates(now_ms)
+                pieces = stage.flush_aggregates(until_ms)
             if pieces and stage.queue is not None:
                 stage.queue.put(pieces)
 
     def expire(self) -> None:
         with self.lock:
             self.tracker_in.expire()
+            alive = self.tracker_in.has()
             for stage in self.stages:
                 stage.stats.tracker_out.expire()
+                stage.owners.expire(alive)
+            horizon = self.clock() - self.tracker_in.window_s
+            for family in [f for f, t in self.counters.items() if t < horizon]:
+                del self.counters[family]
+
+    def state_sizes(self) -> dict[str, int]:
+        """Entries in each per-series or per-name structure (tests, bench, debugging)."""
+        with self.lock:
+            sizes = {"in": self.tracker_in.active(), "counter_families": len(self.counters)}
+            for stage in self.stages:
+                sizes[f"out:{stage.name}"] = stage.stats.tracker_out.active()
+                sizes[f"collision_owners:{stage.name}"] = len(stage.owners)
+                sizes[f"aggregate_groups:{stage.name}"] = 0 if stage.aggregator is None else stage.aggregator.groups()
+            return sizes

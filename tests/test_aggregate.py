@@ -212,3 +212,55 @@ def test_idle_group_state_is_dropped_after_staleness() -> None:
     clock.t = 61.0
     assert agg.flush(60_000) == []
     assert agg.groups() == 0
+
+
+def test_a_resent_sample_of_a_member_counts_once_for_gauges_too() -> None:
+    agg = Aggregator([rule(("avg", "sum", "count_series"))], clock=Clock(0.0))
+    r, group = agg.route(series(GAUGE, "a"))  # type: ignore[misc]
+    agg.add(r, group, 1, [(1_000, 10.0), (2_000, 20.0)], False)
+    agg.add(r, group, 2, [(1_000, 30.0)], False)
+    agg.add(r, group, 1, [(1_000, 10.0), (2_000, 20.0)], False)  # the same request again
+    out = by_name(agg.flush(30_000))
+    assert out[f"{GAUGE}:30s_without_container_pod_avg"] == (30_000, 20.0)
+    assert out[f"{GAUGE}:30s_without_container_pod_sum"] == (30_000, 50.0)
+    assert out[f"{GAUGE}:30s_without_container_pod_count_series"] == (30_000, 2.0)
+
+
+def test_two_members_of_one_group_are_never_read_as_resets_of_each_other() -> None:
+    agg = Aggregator([rule(("total",))], clock=Clock(0.0))
+    r, group = agg.route(series(COUNTER, "a"), is_counter=True)  # type: ignore[misc]
+    agg.add(r, group, 1, [(1_000, 100.0)], True)
+    agg.add(r, group, 2, [(1_000, 5.0)], True)
+    agg.add(r, group, 1, [(31_000, 110.0)], True)
+    agg.add(r, group, 2, [(31_000, 7.0)], True)
+    assert [v for _, _, v in agg.flush(60_000)] == [105.0, 117.0]
+
+
+def test_samples_too_far_in_the_future_are_refused_and_open_no_window() -> None:
+    clock = Clock(1000.0)
+    agg = Aggregator([rule(("max",))], clock=clock, max_future_s=600.0)
+    r, group = agg.route(series(GAUGE, "a"))  # type: ignore[misc]
+    assert agg.add(r, group, 1, [(1_600_000 + 1, 1.0)], False) == 1
+    assert (agg.groups(), agg.windows()) == (0, 0)
+    assert agg.add(r, group, 1, [(1_600_000, 2.0), (9_000_000, 3.0)], False) == 1
+    assert agg.windows() == 1
+
+
+def test_flush_without_a_time_emits_every_open_window() -> None:
+    agg = Aggregator([rule(("max",))], clock=Clock(0.0))
+    r, group = agg.route(series(GAUGE, "a"))  # type: ignore[misc]
+    agg.add(r, group, 1, [(1_000, 1.0), (31_000, 2.0), (61_000, 3.0)], False)
+    assert [(ts, v) for _, ts, v in agg.flush()] == [(30_000, 1.0), (60_000, 2.0), (90_000, 3.0)]
+    assert agg.windows() == 0
+
+
+def test_members_that_stopped_are_forgotten_after_staleness() -> None:
+    clock = Clock(0.0)
+    agg = Aggregator([rule(("max",))], clock=clock)
+    r, group = agg.route(series(GAUGE, "a"))  # type: ignore[misc]
+    for member in range(100):
+        agg.add(r, group, member, [(1_000, 1.0)], False)
+    agg.add(r, group, 1000, [(91_000, 1.0)], False)
+    assert agg.members() == 101
+    agg.flush(120_000)  # closed until 120 s; staleness 2 intervals: members last seen before 60 s go
+    assert agg.members() == 1

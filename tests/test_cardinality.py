@@ -233,3 +233,49 @@ def test_observe_many_matches_observe_one_by_one() -> None:
     now[0] = 5000.0
     assert a.expire() == b.expire()
     assert a.active() == b.active() == 0
+
+
+def test_observe_batch_returns_first_sights_and_asks_labels_only_when_due() -> None:
+    clock = Clock(0.0)
+    t = tracker(clock)  # 60 slots of 1 s: labels are due again after 30 slots
+    asked: list[int] = []
+
+    def labels_of(i: int) -> Labels:
+        asked.append(i)
+        return lbl("m", pod=f"p{i}")
+
+    assert t.observe_batch([(1, "m"), (2, "m"), (1, "m")], labels_of) == [0, 1]
+    assert asked == [0, 1]
+    asked.clear()
+    for step in range(1, 29):
+        clock.t = float(step)
+        assert t.observe_batch([(1, "m"), (2, "m")], labels_of) == []
+    assert asked == []
+    clock.t = 30.0
+    t.observe_batch([(1, "m"), (2, "m")], labels_of)
+    assert asked == [0, 1]
+
+
+def test_label_values_of_a_stable_series_stay_counted_past_the_window() -> None:
+    clock = Clock(0.0)
+    t = tracker(clock)
+    for step in range(0, 200, 5):  # seen every 5 s for over three windows, labels never change
+        clock.t = float(step)
+        t.observe_batch([(1, "m")], lambda i: lbl("m", pod="a", gpu="0"))
+        t.expire()
+    assert t.top_labels(5, "m") == [("gpu", 1), ("pod", 1)]
+
+
+def test_series_limit_metric_label_is_bounded() -> None:
+    from relay.cardinality import MAX_LIMIT_METRIC_LABELS
+
+    registry = CollectorRegistry()
+    cm = CardinalityMetrics(registry)
+    on_drop = cm.on_limit_drop("amp")
+    for i in range(MAX_LIMIT_METRIC_LABELS + 5):
+        on_drop(f"m{i}", "max_series")
+    on_drop("m0", "max_series")  # a name that has its label keeps it
+    values = {s.labels["metric"]: s.value for f in registry.collect() for s in f.samples
+              if s.name == "gpu_relay_series_limit_dropped_total"}
+    assert len(values) == MAX_LIMIT_METRIC_LABELS + 1
+    assert (values["m0"], values["other"]) == (2.0, 5.0)

@@ -3,6 +3,8 @@ from __future__ import annotations
 import logging
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from relay.cardinality import SeriesTracker
 from relay.labels import Labels, make
@@ -177,3 +179,69 @@ def test_release_and_forget_clear_claims() -> None:
     assert det.check("amp", 1, b"b", lbl("m"), "r")
     det.forget("amp")
     assert det.check("amp", 1, b"c", lbl("m"), "r")
+
+
+_names = st.sampled_from(["__name__", "a", "b_1", "1bad", "a-b", "n" * 129, "", "\u00e9"])
+_values = st.sampled_from(["m", "ok:name", "bad-name", "", "x" * 2049, "\u00e9" * 1025, "\u00e9" * 500, "v"])
+
+
+@settings(max_examples=400)
+@given(st.lists(st.tuples(_names, _values), max_size=6))
+def test_amp_violation_fast_path_agrees_with_the_label_by_label_check(pairs: list[tuple[str, str]]) -> None:
+    from relay.limits import _violation
+
+    labels = tuple(sorted(pairs))
+    limits = AmpLimits(max_labels=5)
+    expected = "max_label_names_per_series" if len(labels) > 5 else _violation(labels, limits)
+    assert amp_violation(labels, limits) == expected
+
+
+def test_collision_owners_first_claim_wins_until_its_owner_leaves() -> None:
+    from relay.limits import CollisionOwners
+
+    owners = CollisionOwners()
+    active = {10, 11}
+    assert owners.claim(1, 10, active.__contains__, lambda out: False)
+    assert owners.claim(1, 10, active.__contains__, lambda out: False)
+    assert owners.claim(1, 11, active.__contains__, lambda out: False) is False
+    active.discard(10)
+    assert owners.claim(1, 11, active.__contains__, lambda out: False)  # the owner left: taken over
+    assert owners.owners == {1: 11}
+
+
+def test_collision_owners_an_unchanged_series_owns_its_output_implicitly() -> None:
+    from relay.limits import CollisionOwners
+
+    owners = CollisionOwners()
+    out_active = {5}
+    # input 5 passes unchanged (output id 5, no entry); a pruned input mapping onto 5 collides
+    assert owners.unchanged(5, 5, lambda i: True)
+    assert len(owners) == 0
+    assert owners.claim(5, 77, lambda i: True, out_active.__contains__) is False
+    # the other way round: the pruned input claimed first, the unchanged one collides
+    assert owners.claim(6, 77, lambda i: True, lambda out: False)
+    assert owners.unchanged(6, 6, lambda i: True) is False
+    assert owners.unchanged(6, 6, lambda i: False)  # once the claimant left
+    assert len(owners) == 0
+
+
+def test_collision_owners_expire_with_their_owner() -> None:
+    from relay.limits import CollisionOwners
+
+    owners = CollisionOwners()
+    for out in range(1000):
+        owners.claim(out, out + 10_000, lambda i: True, lambda o: False)
+    alive = {10_000, 10_001}
+    assert owners.expire(alive.__contains__) == 998
+    assert owners.owners == {0: 10_000, 1: 10_001}
+
+
+def test_limiter_log_table_is_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    from relay.limits import MAX_LOGGED_NAMES
+
+    h = Harness(max_series=0, per_metric=None)
+    with caplog.at_level(logging.WARNING, logger="test_limits"):
+        for i in range(MAX_LOGGED_NAMES + 50):
+            h.admit(i, metric=f"m{i}")
+    assert len(h.limiter._logged) <= MAX_LOGGED_NAMES
+    assert len(caplog.records) == MAX_LOGGED_NAMES

@@ -393,6 +393,11 @@ def test_stale_marker_arrives_byte_exact(start: StartRelay, rx: RecordingServer)
 
 def test_metadata_only_request_is_accepted(start: StartRelay, rx: RecordingServer) -> None:
     relay = start(simple_dest(rx.url))
+    # metadata goes only where its family's series go (issue 8, defect 2): send a gpu_util sample first
+    assert relay.post([(S("gpu_util", gpu="0"), [(now_ms(), 1.0)])]) == 204
+    received(rx, 1)
+    with rx.lock:
+        rx.requests.clear()
     req = remote_v1_pb2.WriteRequest()
     md = req.metadata.add()
     md.metric_family_name = "gpu_util"
@@ -401,8 +406,8 @@ def test_metadata_only_request_is_accepted(start: StartRelay, rx: RecordingServe
     status, _, body = relay.post_raw(req.SerializeToString())
     assert (status, body) == (204, b"")
     assert wait_until(lambda: len(rx.requests) == 1)
-    assert rx.snapshot() == set()
-    assert relay.metric("gpu_relay_samples_received_total") == 0
+    assert len(rx.snapshot()) == 1  # the metadata request carried no samples
+    assert relay.metric("gpu_relay_samples_received_total") == 1
 
 
 def test_collision_through_http(start: StartRelay, rx: RecordingServer, caplog: pytest.LogCaptureFixture) -> None:
