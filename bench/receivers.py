@@ -148,7 +148,7 @@ class Sink(ThreadingHTTPServer):
                 raw = snappy.uncompress(body) if encoding == "snappy" else body
                 with sink.lock:  # the cache is shared by the handler threads
                     routed = wire.route(raw, 1, sink._cache, decide)
-                    for decision, _rest, n in routed.per_dest[0]:
+                    for decision, _rest, n, _oldest in routed.per_dest[0]:
                         name = decision[2]
                         sink.names[name] = sink.names.get(name, 0) + n
                     sink.samples += routed.samples_in

@@ -43,17 +43,18 @@ class Entry:
     @property
     def oldest_time(self) -> float:
         """Unix time of the entry's oldest sample (its enqueue time when it has none)."""
-        return self.oldest_ts_ms / 1000.0 if self.oldest_ts_ms > 0 else self.enqueued_at
+        return self.oldest_ts_ms / 1000.0 if self.oldest_ts_ms != 0 else self.enqueued_at
 
 
 def check_pieces(pieces: Sequence[Sequence[object]]) -> list[Piece]:
-    """Validated copies; a 3-tuple (before oldest_ts_ms existed) gets 0."""
+    """Validated copies; a 3-tuple (before oldest_ts_ms existed) gets 0. A negative oldest_ts_ms is a
+    real (pre-1970) timestamp, too old for any max_sample_age; 0 means the piece has no sample."""
     out: list[Piece] = []
     for p in pieces:
         shard, payload, samples = p[0], p[1], p[2]
         oldest = p[3] if len(p) > 3 else 0
         if (not isinstance(shard, int) or not isinstance(samples, int) or not isinstance(oldest, int)
-                or shard < 0 or samples < 0 or oldest < 0
+                or shard < 0 or samples < 0
                 or not isinstance(payload, bytes | bytearray | memoryview)):
             raise QueueError("bad queue piece (shard, payload, samples, oldest_ts_ms)",
                              (shard, type(payload), samples, oldest))

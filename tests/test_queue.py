@@ -105,8 +105,8 @@ def test_put_is_atomic_and_reopen_restores_depth_and_shards(tmp_path: Path) -> N
 
 @pytest.mark.parametrize(
     "pieces",
-    [[(-1, b"x", 1)], [(0, "text", 1)], [(0, b"x", -1)], [(0, b"x", 1, -5)], [(0, b"x", 1, "0")]],
-    ids=["negative-shard", "str-payload", "negative-samples", "negative-oldest", "str-oldest"],
+    [[(-1, b"x", 1)], [(0, "text", 1)], [(0, b"x", -1)], [(0, b"x", 1, "0")], [(0, b"x", 1, 1.5)]],
+    ids=["negative-shard", "str-payload", "negative-samples", "str-oldest", "float-oldest"],
 )
 def test_bad_pieces_are_value_errors(queue: DurableQueue, pieces: list[tuple[int, object, int]]) -> None:
     with pytest.raises(ValueError, match="bad queue piece"):
@@ -328,3 +328,15 @@ def test_max_disk_changed_on_a_running_queue_bounds_the_next_put(tmp_path: Path)
     with pytest.raises(QueueError):
         q.max_disk_bytes = 0
     q.close()
+
+
+def test_a_piece_with_a_pre_1970_timestamp_is_stored_and_counts_as_too_old(tmp_path: Path) -> None:
+    """A negative sample timestamp is legal in remote write (int64); the piece is stored, and its
+    oldest sample time is that timestamp (older than any max_sample_age), not the enqueue time."""
+    q = DurableQueue(tmp_path / "q.queue.db", 1 << 20)
+    try:
+        q.put([(0, b"\x0a\x00", 1, -1)])
+        (entry,) = q.peek(0, 100)
+        assert entry.oldest_ts_ms == -1 and entry.oldest_time == -0.001
+    finally:
+        q.close()

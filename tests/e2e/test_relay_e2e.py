@@ -140,7 +140,7 @@ destinations:
         sent = [0]
 
         def load() -> None:
-            ts = 1_700_000_000_000
+            ts = int(time.time() * 1000) - 60_000  # recent: max_sample_age counts from the sample's time
             while not stop.is_set():
                 ts += 1000
                 batch = [
@@ -186,8 +186,9 @@ destinations:
 """
         relay, url = start_relay(tmp_path, cfg)
         with running(relay):
+            base = int(time.time() * 1000)  # recent: max_sample_age counts from the sample's time
             for k in range(20):
-                series = [((("__name__", "m"), ("k", str(k))), [(1_700_000_000_000 + k, 1.0)])]
+                series = [((("__name__", "m"), ("k", str(k))), [(base + k, 1.0)])]
                 assert _post(url, series) == 204
             assert wait_until(lambda: len(rx.snapshot()) == 20, timeout=10), relay.tail()
 
