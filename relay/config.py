@@ -53,7 +53,7 @@ __all__ = [
 
 ROOT_KEYS = ("server", "external_labels", "global", "storage", "scrape", "remote_write", "destinations")
 SERVER_KEYS = ("listen", "max_request_bytes", "telemetry_listen", "max_concurrent_requests", "read_timeout",
-               "idle_timeout", "enable_lifecycle")  # fmt: skip
+               "idle_timeout", "enable_lifecycle", "decision_cache")  # fmt: skip
 DESTINATION_KEYS = ("name", "url", "sigv4", "headers", "write_relabel_configs", "prune_labels", "aggregate",
                     "limits", "queue", "dry_run", "send_metadata")  # fmt: skip
 SIGV4_KEYS = ("region", "role_arn", "external_id", "profile", "service", "access_key", "secret_key")
@@ -248,6 +248,7 @@ def _server(r: Reader, node: Node | None) -> ServerConfig:
         r.duration(s.get("read_timeout"), "server.read_timeout", d.read_timeout, positive=True),
         r.duration(s.get("idle_timeout"), "server.idle_timeout", d.idle_timeout, positive=True),
         r.boolean(s.get("enable_lifecycle"), "server.enable_lifecycle", d.enable_lifecycle),
+        r.size(s.get("decision_cache"), "server.decision_cache", d.decision_cache),
     )
 
 

@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -105,6 +106,7 @@ class Runtime:
             return Pipeline(
                 config, self.rm, [x.stats for x in dests], [x.queue for x in dests],
                 cardinality=self.cardinality_metrics, clock=self.clock, previous=previous,
+                cache_max_bytes=config.server.decision_cache,
             )
         except BaseException:
             gen.abandon(self.cardinality_metrics)
@@ -305,7 +307,7 @@ class Runtime:
                 log.debug("reload failed", exc_info=True)
                 return self._refused(f"reload failed, keeping the running configuration: "
                                      f"{type(e).__name__}: {_one_line(e)}")
-            if config.server != self.config.server:
+            if replace(config.server, decision_cache=0) != replace(self.config.server, decision_cache=0):
                 log.warning("server settings changed in %s; they take effect on restart", self.config_path)
             for warning in getattr(config, "warnings", ()):
                 log.warning("%s", warning)

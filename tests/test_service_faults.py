@@ -197,3 +197,18 @@ def test_a_disk_that_stays_full_is_one_warning_a_minute_not_one_per_request(
         assert runtime.registry.get_sample_value("gpu_relay_requests_received_total", {"code": "503"}) == 5
     finally:
         runtime.stop()
+
+
+def test_the_decision_cache_budget_comes_from_the_config_and_changes_on_reload(tmp_path: Path) -> None:
+    path = tmp_path / "relay.yaml"
+    dest = simple_dest("http://127.0.0.1:1/api/v1/write")
+    path.write_text(config_text(tmp_path, dest).replace("server: {", "server: {decision_cache: 1MiB, ", 1))
+    runtime = Runtime(str(path), load_config(path))
+    try:
+        assert runtime.pipeline.cache.max_bytes == 1 << 20
+        path.write_text(config_text(tmp_path, dest).replace("server: {", "server: {decision_cache: 2MiB, ", 1))
+        ok, message = runtime.reload_config()
+        assert ok, message
+        assert runtime.pipeline.cache.max_bytes == 2 << 20
+    finally:
+        runtime.stop()
