@@ -155,9 +155,7 @@ class Generation:
         for sender, q in self.barriers:
             # Entries up to the queue's newest id were sharded under the old count: the new sender
             # ships them first, in id order, so per-series order holds (relay.sender's drain_first).
-            last_id = getattr(q, "last_id", None)
-            if callable(last_id):
-                setattr(sender, "drain_first", last_id())  # noqa: B010 - an attribute of newer senders
+            sender.drain_first = q.last_id()
         if start:
             for s in self.start_senders:
                 s.start()

@@ -9,19 +9,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any, Protocol
+from contextlib import AbstractContextManager
+from typing import Any
 
 from prometheus_client import Counter
 
 from relay.cost import ESTIMATE_LEAVES_OUT, prices_for_region
 from relay.destinations import Destination, amp_region
 from relay.metrics import RelayMetrics
-
-
-class _Lock(Protocol):
-    def __enter__(self) -> Any: ...
-
-    def __exit__(self, *exc: object) -> Any: ...
 
 
 def counter_total(metric: Counter, destination: str) -> float:
@@ -56,7 +51,7 @@ def _last_success(sender: object) -> float | None:
 
 
 def destination_overview(d: Destination, rm: RelayMetrics, now: float, limit: int = 10,
-                         lock: _Lock | None = None,
+                         lock: AbstractContextManager[Any] | None = None,
                          snapshot_prices: Callable[[str | None], Any] = prices_for_region) -> dict[str, Any]:
     name = d.config.name
     region = amp_region(d.config.url)

@@ -166,11 +166,7 @@ class Runtime:
     def flush_open_windows(self) -> None:
         """Queue every open aggregation window now (graceful stop); never raises."""
         try:
-            flush_all = getattr(self.pipeline, "flush_all", None)
-            if callable(flush_all):
-                flush_all()
-            else:  # a pipeline without flush_all: close windows as if far in the future
-                self.pipeline.flush_aggregates(now=1e12)
+            self.pipeline.flush_all()
         except Exception as e:
             log.warning("could not flush open aggregation windows: %s", _one_line(e))
 
@@ -246,8 +242,7 @@ class Runtime:
     def overview(self, name: str, limit: int = 10) -> dict[str, Any]:
         """One destination's report (cardinality, sending state, AMP estimate); KeyError if unknown."""
         d = self.destinations[name]
-        lock = getattr(self.pipeline, "lock", None)
-        return destination_overview(d, self.rm, self.clock(), limit, lock=lock)
+        return destination_overview(d, self.rm, self.clock(), limit, lock=self.pipeline.lock)
 
     def names(self) -> list[str]:
         return [d.name for d in self.config.destinations]
@@ -309,7 +304,7 @@ class Runtime:
                                      f"{type(e).__name__}: {_one_line(e)}")
             if replace(config.server, decision_cache=0) != replace(self.config.server, decision_cache=0):
                 log.warning("server settings changed in %s; they take effect on restart", self.config_path)
-            for warning in getattr(config, "warnings", ()):
+            for warning in config.warnings:
                 log.warning("%s", warning)
             scrape_changed = config.scrape != self.config.scrape
             self.destinations = gen.destinations

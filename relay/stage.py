@@ -316,7 +316,7 @@ class DestinationStage:
     def metadata(self, entries: list[tuple[str, bytes]]) -> bytes:
         """The raw metadata entries of families this destination keeps (their series are active in
         its out tracker); none when the destination does not send metadata."""
-        if not entries or not getattr(self.dest, "send_metadata", True):
+        if not entries or not self.dest.send_metadata:
             return b""
         has = self.stats.tracker_out.active_for_metric
         return b"".join([raw for family, raw in entries
