@@ -46,6 +46,7 @@ from relay.transport import RequestsTransport, Transport
 log = logging.getLogger(__name__)
 
 STORAGE_RETRY_AFTER_S = 5  # what a 503 for a queue that cannot store asks the client to wait
+QUIESCE_TIMEOUT_S = 30  # how long a reload waits for requests routed by the replaced pipeline
 
 
 ScraperFactory = Callable[[list[ScrapeTarget], Callable[[bytes], None]], Scraper]
@@ -307,9 +308,16 @@ class Runtime:
             for warning in config.warnings:
                 log.warning("%s", warning)
             scrape_changed = config.scrape != self.config.scrape
+            replaced = self.pipeline
             self.destinations = gen.destinations
             self.pipeline = pipeline
             self.config = config
+            # a request routed by the old pipeline (old shard count) may still be writing: the
+            # barrier of a max_shards change (taken in commit) must come after its last write
+            if not replaced.quiesce(QUIESCE_TIMEOUT_S):
+                log.warning("a request routed before the reload was still being written after %ds; "
+                            "per-series order across the max_shards change is not guaranteed for it",
+                            QUIESCE_TIMEOUT_S, extra={"reason": "reload_quiesce_timeout"})
             # the replaced senders stop for good before their successors start
             gen.commit(self.rm, self.cardinality_metrics, start=self._started)
             if scrape_changed and self._started:

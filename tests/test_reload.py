@@ -357,3 +357,69 @@ def test_setup_error_is_one_line_naming_the_destination_once() -> None:
     assert str(e) == "destination amp: cannot set up credentials: no credentials (do X)"
     e = SetupError("amp", "its queue /q/amp.queue.db", OSError(), "check storage.path")
     assert str(e) == "destination amp: cannot set up its queue /q/amp.queue.db: OSError (check storage.path)"
+
+
+class GatedQueue(DurableQueue):
+    """A real queue whose put waits for ``gate`` while it is set: a request routed by the old
+    pipeline whose write is still in progress when a reload commits."""
+
+    gate: threading.Event | None = None
+    waiting = threading.Event()
+
+    def put(self, pieces: object) -> int:  # type: ignore[override]
+        gate = GatedQueue.gate
+        if gate is not None:
+            GatedQueue.waiting.set()
+            gate.wait(10)
+        return super().put(pieces)  # type: ignore[arg-type]
+
+
+class SlowForStamp(ScriptedTransport):
+    """Answers 204; a request carrying a sample stamped ``slow`` is held 0.5 s before it is recorded,
+    so a request of another shard sent meanwhile is recorded first."""
+
+    def __init__(self, slow: int) -> None:
+        super().__init__(204)
+        self.slow = slow
+
+    def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> Response:
+        stamps = {ts for _, ss in wire.decode_write_request(snappy.uncompress(body)) for ts, _ in ss}
+        if self.slow in stamps:
+            time.sleep(0.5)
+        return super().post(url, body, headers, timeout)
+
+
+def test_reload_changing_max_shards_keeps_order_for_a_request_whose_write_was_in_progress(
+        running: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    t = now_ms()
+    tx = SlowForStamp(t)
+    r = start(running, tmp_path, dest("d", "http://rx/api/v1/write").replace("max_shards: 2", "max_shards: 4"),
+              transport_factory=lambda d: tx,
+              queue_factory=lambda d, p: GatedQueue(p, d.queue.max_disk))
+    names = [f"s{i}" for i in range(16)]
+    gate = threading.Event()
+    monkeypatch.setattr(GatedQueue, "gate", gate)
+    GatedQueue.waiting.clear()
+    statuses: list[int] = []
+    first = threading.Thread(target=lambda: statuses.append(r.post([(S("m", s=n), [(t, 0.0)]) for n in names])))
+    first.start()  # routed under 4 shards; its write waits at the gate
+    old_pipeline = r.runtime.pipeline
+    assert GatedQueue.waiting.wait(10)
+    r.path.write_text(config_text(tmp_path, dest("d", "http://rx/api/v1/write")))  # max_shards 4 -> 2
+    results: list[tuple[bool, str]] = []
+    reload = threading.Thread(target=lambda: results.append(r.runtime.reload_config()))
+    reload.start()
+    assert wait_until(lambda: r.runtime.pipeline is not old_pipeline)
+    time.sleep(0.1)
+    gate.set()  # the old pipeline's write commits now
+    monkeypatch.setattr(GatedQueue, "gate", None)
+    first.join(10)
+    reload.join(10)
+    assert statuses == [204]
+    assert results == [(True, "configuration reloaded")]
+    assert r.post([(S("m", s=n), [(t + 1, 1.0)]) for n in names]) == 204  # sent once the first was acked
+    assert wait_until(lambda: len(tx.samples()) >= 32, timeout=20)
+    got = tx.samples()
+    assert len(got) == 32
+    for n in names:
+        assert [ts for lb, ts, _ in got if lb == S("m", s=n)] == [t, t + 1], n
