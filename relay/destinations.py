@@ -245,6 +245,8 @@ def _prepare_one(
             headers=d.headers, auth_refresh=auth_refresh, user_agent=f"gpu-relay/{__version__}",
         )
         gen.start_senders.append(sender)
+        if old is not None and old.sender is not None and old.queue is queue:
+            sender.predecessor = old.sender  # sends nothing until the old one's threads are gone
         if old is not None and old.queue is queue and old.config.queue.max_shards != d.queue.max_shards:
             gen.barriers.append((sender, queue))
     if old is not None:

@@ -423,3 +423,55 @@ def test_reload_changing_max_shards_keeps_order_for_a_request_whose_write_was_in
     assert len(got) == 32
     for n in names:
         assert [ts for lb, ts, _ in got if lb == S("m", s=n)] == [t, t + 1], n
+
+
+class HangingTransport(ScriptedTransport):
+    """A destination whose reply takes ``hang`` seconds whatever the client's timeout (a response
+    that trickles in), then 204: the request delivered what it carried."""
+
+    def __init__(self, hang: float) -> None:
+        super().__init__(204)
+        self.hang = hang
+        self.entered = threading.Event()
+        self.returned_at: float | None = None
+
+    def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> Response:
+        self.entered.set()
+        time.sleep(self.hang)
+        reply = super().post(url, body, headers, timeout)
+        self.returned_at = time.monotonic()
+        return reply
+
+
+class TimedTransport(ScriptedTransport):
+    def __init__(self) -> None:
+        super().__init__(204)
+        self.first_at: float | None = None
+
+    def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> Response:
+        if self.first_at is None:
+            self.first_at = time.monotonic()
+        return super().post(url, body, headers, timeout)
+
+
+def test_reload_while_the_old_senders_request_outlives_its_timeout_never_sends_the_entries_twice(
+        running: list[Running], tmp_path: Path) -> None:
+    old, new = HangingTransport(2.5), TimedTransport()
+
+    def factory(d: DestinationConfig) -> ScriptedTransport:
+        return old if "old" in d.url else new
+
+    queue = QUEUE.replace("}", ", timeout: 200ms}")
+    r = start(running, tmp_path, dest("d", "http://old/api/v1/write").replace(QUEUE, queue),
+              transport_factory=factory)
+    t = now_ms()
+    assert r.post([(S("m", i=str(i)), [(t, float(i))]) for i in range(5)]) == 204
+    assert old.entered.wait(10)  # the old sender's request is in flight
+    r.path.write_text(config_text(tmp_path, dest("d", "http://new/api/v1/write").replace(QUEUE, queue)))
+    assert r.runtime.reload_config() == (True, "configuration reloaded")  # stop() gave up after 1.2 s
+    assert wait_until(lambda: old.returned_at is not None, timeout=10)
+    time.sleep(0.5)
+    # the new sender sent nothing while the old request was in flight, and nothing twice
+    assert new.first_at is None or (old.returned_at is not None and new.first_at >= old.returned_at)
+    delivered = old.samples() + new.samples()
+    assert sorted(delivered) == sorted((S("m", i=str(i)), t, float(i)) for i in range(5))
