@@ -5,7 +5,8 @@ opened, transports and their credential providers, senders) without touching a r
 failure closes what it opened and raises :class:`SetupError` naming the destination and what to do,
 so the caller keeps the old generation running. ``Generation.commit`` then stops the senders being
 replaced before their successors start (never two senders on one queue), closes what left the
-configuration, and starts the new senders.
+configuration, and starts the new senders; a queue that fails to close is one warning, never a
+commit left half done (new senders not started).
 """
 
 from __future__ import annotations
@@ -146,7 +147,12 @@ class Generation:
         for s in self.stop_senders:  # final: no request of the old sender in flight after this
             s.stop()
         for q in self.close_queues:
-            q.close()
+            try:
+                q.close()
+            except Exception as e:  # e.g. a full disk: what it held stays in its file; go on committing
+                log.warning("could not close the queue %s of a replaced destination: %s", q.path,
+                            str(e).splitlines()[0] if str(e) else type(e).__name__,
+                            extra={"reason": "queue_close"})
         for name in self.forget:
             cm.untrack(name)
             rm.forget_destination(name)  # its gpu_relay_* series left with it

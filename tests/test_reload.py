@@ -5,6 +5,7 @@ changes apply; the config file is watched; gpu_relay_config_last_reload_successf
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -475,3 +476,29 @@ def test_reload_while_the_old_senders_request_outlives_its_timeout_never_sends_t
     assert new.first_at is None or (old.returned_at is not None and new.first_at >= old.returned_at)
     delivered = old.samples() + new.samples()
     assert sorted(delivered) == sorted((S("m", i=str(i)), t, float(i)) for i in range(5))
+
+
+class CloseFailsQueue(DurableQueue):
+    """A real queue whose close fails the way a full disk makes its last write fail."""
+
+    def close(self) -> None:
+        if "gone" in str(self.path):
+            raise sqlite3.OperationalError("database or disk is full")
+        super().close()
+
+
+def test_reload_whose_removed_destinations_queue_fails_to_close_still_starts_the_new_senders(
+        running: list[Running], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    transports = {"http://old/api/v1/write": ScriptedTransport(503), "http://new/api/v1/write": ScriptedTransport(204),
+                  "http://gone/api/v1/write": ScriptedTransport(204)}
+    r = start(running, tmp_path, dest("keep", "http://old/api/v1/write") + dest("gone", "http://gone/api/v1/write"),
+              transport_factory=lambda d: transports[d.url],
+              queue_factory=lambda d, p: CloseFailsQueue(p, d.queue.max_disk))
+    t = now_ms()
+    assert r.post([(S("m", i=str(i)), [(t, float(i))]) for i in range(5)]) == 204
+    r.path.write_text(config_text(tmp_path, dest("keep", "http://new/api/v1/write")))
+    with caplog.at_level(logging.WARNING):
+        assert r.runtime.reload_config() == (True, "configuration reloaded")
+    assert wait_until(lambda: len(transports["http://new/api/v1/write"].samples()) >= 5)
+    assert any("gone" in rec.getMessage() and "disk is full" in rec.getMessage() for rec in caplog.records)
+    assert not any(rec.exc_info for rec in caplog.records)
