@@ -184,8 +184,14 @@ class Runtime:
         for d in self.destinations.values():
             if d.sender is not None:
                 d.sender.stop()
-            if d.queue is not None:
+        for d in self.destinations.values():
+            if d.queue is None:
+                continue
+            try:
                 d.queue.close()
+            except Exception as e:  # e.g. a full disk: what is queued stays in the file; close the others
+                log.warning("could not close the queue of destination %s: %s", d.config.name, _one_line(e),
+                            extra={"destination": d.config.name, "reason": "queue_close"})
 
     # -- the write endpoint ----------------------------------------------------------------------
     def write(self, headers: Mapping[str, str], body: bytes) -> Reply:

@@ -502,3 +502,18 @@ def test_reload_whose_removed_destinations_queue_fails_to_close_still_starts_the
     assert wait_until(lambda: len(transports["http://new/api/v1/write"].samples()) >= 5)
     assert any("gone" in rec.getMessage() and "disk is full" in rec.getMessage() for rec in caplog.records)
     assert not any(rec.exc_info for rec in caplog.records)
+
+
+def test_stop_with_a_queue_that_fails_to_close_still_stops_and_closes_the_others(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "relay.yaml"
+    path.write_text(config_text(tmp_path, dest("gone", "http://gone/api/v1/write") + dest("b", "http://b/api/v1/write")))
+    runtime = Runtime(str(path), load_config(path), transport_factory=lambda d: ScriptedTransport(204),
+                      queue_factory=lambda d, p: CloseFailsQueue(p, d.queue.max_disk))
+    runtime.start()
+    with caplog.at_level(logging.WARNING):
+        runtime.stop()  # graceful stop: one warning for the queue that could not close, no exception
+    b = runtime.destinations["b"]
+    assert b.queue is not None and b.queue.closed
+    assert b.sender is not None and b.sender.finished()
+    assert any("gone" in rec.getMessage() and "disk is full" in rec.getMessage() for rec in caplog.records)
