@@ -260,6 +260,8 @@ class Runtime:
             limit = int((query.get("limit") or ["10"])[0])
         except ValueError:
             return json_reply(400, {"status": "error", "error": "limit must be an integer"})
+        if limit < 1:
+            return json_reply(400, {"status": "error", "error": "limit must be a positive integer"})
         if not names:
             return json_reply(404, {"status": "error", "error": "no destinations configured", "destinations": []})
         name = (query.get("destination") or [names[0]])[0]

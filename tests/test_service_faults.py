@@ -212,3 +212,15 @@ def test_the_decision_cache_budget_comes_from_the_config_and_changes_on_reload(t
         assert runtime.pipeline.cache.max_bytes == 2 << 20
     finally:
         runtime.stop()
+
+
+@pytest.mark.parametrize("limit", ["-5", "0"])
+def test_cardinality_with_a_limit_below_one_is_a_400_not_a_silently_odd_report(tmp_path: Path, limit: str) -> None:
+    runtime = runtime_with(tmp_path)
+    try:
+        assert write(runtime, [(S(f"m{i}", i="1"), [(now_ms(), 1.0)]) for i in range(3)])[0] == 204
+        reply = runtime.cardinality({"limit": [limit]})
+        assert reply.status == 400 and b"positive integer" in reply.body
+        assert runtime.cardinality({"limit": ["2"]}).status == 200
+    finally:
+        runtime.stop()
