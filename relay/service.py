@@ -136,8 +136,9 @@ class Runtime:
         try:
             self.pipeline.ingest(v1)
         except Exception as e:  # the queue could not store it: the next scrape brings fresh values
-            log.warning("could not queue scraped samples: %s", _one_line(e),
-                        extra={"reason": type(e).__name__})
+            # a full disk fails every scrape: one line a minute per kind of failure, with a count
+            self._storage_log.warning(("scrape", type(e).__name__), "could not queue scraped samples: %s",
+                                      _one_line(e), extra={"reason": type(e).__name__})
 
     def _background(self) -> None:
         last_expire = time.monotonic()

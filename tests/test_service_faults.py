@@ -224,3 +224,18 @@ def test_cardinality_with_a_limit_below_one_is_a_400_not_a_silently_odd_report(t
         assert runtime.cardinality({"limit": ["2"]}).status == 200
     finally:
         runtime.stop()
+
+
+def test_scrapes_that_cannot_be_queued_on_a_full_disk_log_one_warning_not_one_per_scrape(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    runtime = runtime_with(tmp_path, _error(StorageError, "database or disk is full"))
+    body = wire.encode_write_request([(S("m"), [(now_ms(), 1.0)])])
+    try:
+        with caplog.at_level(logging.WARNING, logger="relay.service"):
+            for _ in range(20):  # twenty scrapes in a row, the disk still full
+                runtime._ingest_scraped(body)
+        lines = [r for r in caplog.records if r.name == "relay.service"]
+        assert len(lines) == 1 and not lines[0].exc_info
+        assert "disk is full" in lines[0].getMessage()
+    finally:
+        runtime.stop()
