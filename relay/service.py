@@ -37,7 +37,7 @@ from relay.destinations import (
 from relay.metrics import RelayMetrics
 from relay.overview import destination_overview
 from relay.pipeline import Pipeline
-from relay.queue import RequestTooLargeError, StorageError
+from relay.queue import QueueError, RequestTooLargeError, StorageError
 from relay.ratelog import RateLimitedLog
 from relay.scrape import Scraper, ScrapeTarget
 from relay.server import Reply, json_reply
@@ -213,6 +213,11 @@ class Runtime:
         except StorageError as e:
             self._storage_log.warning("storage", "could not store a request, answered 503: %s", _one_line(e),
                                       extra={"reason": "storage"})
+            return self._answer(503, f"could not store the request: {_one_line(e)}",
+                                {"Retry-After": str(STORAGE_RETRY_AFTER_S)})
+        except QueueError as e:  # e.g. a queue closed by a stop or reload under way: retry later
+            self._storage_log.warning("queue", "could not queue a request, answered 503: %s", _one_line(e),
+                                      extra={"reason": "queue"})
             return self._answer(503, f"could not store the request: {_one_line(e)}",
                                 {"Retry-After": str(STORAGE_RETRY_AFTER_S)})
         except Exception as e:  # unexpected: tell the client to retry later, with the cause logged

@@ -14,7 +14,7 @@ import snappy
 
 from relay import wire
 from relay.config import DestinationConfig, load_config
-from relay.queue import DurableQueue
+from relay.queue import DurableQueue, QueueError
 from relay.server import RelayHTTPServer
 from relay.service import RequestTooLargeError, Runtime, StorageError
 from tests.test_service import RW1, RW1_LOWER, S, Series, config_text, now_ms, simple_dest
@@ -237,5 +237,19 @@ def test_scrapes_that_cannot_be_queued_on_a_full_disk_log_one_warning_not_one_pe
         lines = [r for r in caplog.records if r.name == "relay.service"]
         assert len(lines) == 1 and not lines[0].exc_info
         assert "disk is full" in lines[0].getMessage()
+    finally:
+        runtime.stop()
+
+
+def test_writes_to_a_closed_queue_are_503_with_one_warning_not_a_traceback_per_request(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # a request still arriving while stop or a reload closes a destination's queue
+    runtime = runtime_with(tmp_path, _error(QueueError, "queue is closed"))
+    try:
+        with caplog.at_level(logging.WARNING, logger="relay.service"):
+            replies = [write(runtime, [(S("m"), [(now_ms(), 1.0)])]) for _ in range(10)]
+        assert {(status, headers.get("Retry-After")) for status, headers, _ in replies} == {(503, "5")}
+        lines = [r for r in caplog.records if r.name == "relay.service"]
+        assert len(lines) == 1 and not lines[0].exc_info and "queue is closed" in lines[0].getMessage()
     finally:
         runtime.stop()
