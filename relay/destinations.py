@@ -158,6 +158,11 @@ class Generation:
             rm.forget_destination(name)  # its gpu_relay_* series left with it
         for q, max_disk in self.resize:
             q.max_disk_bytes = max_disk
+        for sender in self.start_senders:
+            pred = sender.predecessor
+            if sender.drain_first is None and pred is not None and pred.drain_first is not None:
+                # the old sender had not finished draining a max_shards change: its successor does
+                sender.drain_first = pred.drain_first
         for sender, q in self.barriers:
             # Entries up to the queue's newest id were sharded under the old count: the new sender
             # ships them first, in id order, so per-series order holds (relay.sender's drain_first).

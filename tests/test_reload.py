@@ -376,8 +376,8 @@ class GatedQueue(DurableQueue):
 
 
 class SlowForStamp(ScriptedTransport):
-    """Answers 204; a request carrying a sample stamped ``slow`` is held 0.5 s before it is recorded,
-    so a request of another shard sent meanwhile is recorded first."""
+    """Answers 204; a request whose samples are all stamped ``slow`` is held 0.5 s before it is
+    recorded, so a request of another shard sent meanwhile is recorded first."""
 
     def __init__(self, slow: int) -> None:
         super().__init__(204)
@@ -385,7 +385,7 @@ class SlowForStamp(ScriptedTransport):
 
     def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> Response:
         stamps = {ts for _, ss in wire.decode_write_request(snappy.uncompress(body)) for ts, _ in ss}
-        if self.slow in stamps:
+        if stamps == {self.slow}:
             time.sleep(0.5)
         return super().post(url, body, headers, timeout)
 
@@ -517,3 +517,26 @@ def test_stop_with_a_queue_that_fails_to_close_still_stops_and_closes_the_others
     assert b.queue is not None and b.queue.closed
     assert b.sender is not None and b.sender.finished()
     assert any("gone" in rec.getMessage() and "disk is full" in rec.getMessage() for rec in caplog.records)
+
+
+def test_reload_during_a_max_shards_drain_keeps_the_drain_for_the_next_sender(
+        running: list[Running], tmp_path: Path) -> None:
+    t = now_ms()
+    down, up = ScriptedTransport(503), SlowForStamp(t)
+    r = start(running, tmp_path, dest("d", "http://down/api/v1/write").replace("max_shards: 2", "max_shards: 4"),
+              transport_factory=lambda d: down if "down" in d.url else up)
+    names = [f"s{i}" for i in range(16)]
+    assert r.post([(S("m", s=n), [(t, 0.0)]) for n in names]) == 204  # sharded under 4
+    assert wait_until(lambda: len(down.bodies) >= 1)
+    r.path.write_text(config_text(tmp_path, dest("d", "http://down/api/v1/write")))  # 4 -> 2: draining, failing
+    assert r.runtime.reload_config() == (True, "configuration reloaded")
+    assert r.post([(S("m", s=n), [(t + 1, 1.0)]) for n in names]) == 204  # sharded under 2
+    tried = len(down.bodies)
+    assert wait_until(lambda: len(down.bodies) > tried)  # the drain is retrying
+    r.path.write_text(config_text(tmp_path, dest("d", "http://up/api/v1/write")))  # same 2 shards, new url
+    assert r.runtime.reload_config() == (True, "configuration reloaded")
+    assert wait_until(lambda: len(up.samples()) >= 32, timeout=20)
+    got = up.samples()
+    assert len(got) == 32
+    for n in names:
+        assert [ts for lb, ts, _ in got if lb == S("m", s=n)] == [t, t + 1], n
