@@ -95,6 +95,9 @@ class Runtime:
         gen = prepare(config, {}, self.rm, self.cardinality_metrics, self.transport_factory, queue_factory)
         self.destinations: dict[str, Destination] = gen.destinations
         self.pipeline = self._pipeline(config, gen, previous=None)
+        # nothing to stop or close yet; records the shard counts (a drain where the queue was
+        # sharded under another max_shards before a restart); the senders start in start()
+        gen.commit(self.rm, self.cardinality_metrics, start=False)
         self.config = config
         self.max_request_bytes = config.server.max_request_bytes
         self.rm.config_last_reload_successful.set(1)

@@ -540,3 +540,32 @@ def test_reload_during_a_max_shards_drain_keeps_the_drain_for_the_next_sender(
     assert len(got) == 32
     for n in names:
         assert [ts for lb, ts, _ in got if lb == S("m", s=n)] == [t, t + 1], n
+
+
+def test_restart_with_another_max_shards_ships_the_recovered_entries_first_in_order(tmp_path: Path) -> None:
+    t = now_ms()
+    path = tmp_path / "relay.yaml"
+    four = dest("d", "http://down/api/v1/write").replace("max_shards: 2", "max_shards: 4")
+    path.write_text(config_text(tmp_path, four))
+    names = [f"s{i}" for i in range(16)]
+    first = Running(path, transport_factory=lambda d: ScriptedTransport(503))
+    assert first.post([(S("m", s=n), [(t, 0.0)]) for n in names]) == 204  # queued under 4 shards
+    first.runtime.stop()
+    up = SlowForStamp(t)
+    path.write_text(config_text(tmp_path, dest("d", "http://up/api/v1/write")))  # restarted with 2 shards
+    second = Running(path, transport_factory=lambda d: up)
+    try:
+        assert second.post([(S("m", s=n), [(t + 1, 1.0)]) for n in names]) == 204
+        assert wait_until(lambda: len(up.samples()) >= 32, timeout=20)
+        got = up.samples()
+        assert len(got) == 32
+        for n in names:
+            assert [ts for lb, ts, _ in got if lb == S("m", s=n)] == [t, t + 1], n
+    finally:
+        second.runtime.stop()
+    third = Running(path, transport_factory=lambda d: ScriptedTransport(204))  # same count again: no drain
+    try:
+        sender = third.runtime.destinations["d"].sender
+        assert sender is not None and sender.drain_first is None
+    finally:
+        third.runtime.stop()
