@@ -42,7 +42,7 @@ BAD_CONFIGS = {
         "server:\n  lisen: x\n" + D,
         [
             "relay.yaml:2: server.lisen: unknown key (valid: listen, max_request_bytes, telemetry_listen, "
-            "max_concurrent_requests, read_timeout, idle_timeout, enable_lifecycle)"
+            "max_concurrent_requests, read_timeout, idle_timeout, enable_lifecycle, decision_cache)"
         ],
     ),
     "unknown key in a destination's queue": (
