@@ -385,7 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_import_prometheus)
 
     p = sub.add_parser("report", parents=[common], help="cardinality report from a running relay")
-    p.add_argument("--url", default="http://127.0.0.1:9201", help="the relay (default: %(default)s)")
+    p.add_argument("--url", default="http://127.0.0.1:9201",
+                   help="the relay's telemetry listener (default: %(default)s; where server.telemetry_listen "
+                   "is set, that address, e.g. http://127.0.0.1:9202 in the sidecar)")
     p.add_argument("--destination", help="one destination (default: all)")
     p.add_argument("--limit", type=_positive_int, default=10, help="top N rows (default: %(default)s)")
     p.set_defaults(func=_cmd_report)

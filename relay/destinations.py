@@ -5,7 +5,8 @@ opened, transports and their credential providers, senders) without touching a r
 failure closes what it opened and raises :class:`SetupError` naming the destination and what to do,
 so the caller keeps the old generation running. ``Generation.commit`` then stops the senders being
 replaced before their successors start (never two senders on one queue), closes what left the
-configuration, and starts the new senders.
+configuration, and starts the new senders; a queue that fails to close is one warning, never a
+commit left half done (new senders not started).
 """
 
 from __future__ import annotations
@@ -123,6 +124,8 @@ class Generation:
     opened: list[DurableQueue] = field(default_factory=list)
     # new senders on a kept queue whose max_shards changed: they first drain what the old count sharded
     barriers: list[tuple[Sender, DurableQueue]] = field(default_factory=list)
+    # every new sender with the shard count its pipeline shards its queue under
+    shard_counts: list[tuple[Sender, int]] = field(default_factory=list)
     # kept queues whose max_disk changed
     resize: list[tuple[DurableQueue, int]] = field(default_factory=list)
     # stats made afresh (name, the running stats they replace): tracked for /metrics from creation
@@ -146,16 +149,30 @@ class Generation:
         for s in self.stop_senders:  # final: no request of the old sender in flight after this
             s.stop()
         for q in self.close_queues:
-            q.close()
+            try:
+                q.close()
+            except Exception as e:  # e.g. a full disk: what it held stays in its file; go on committing
+                log.warning("could not close the queue %s of a replaced destination: %s", q.path,
+                            str(e).splitlines()[0] if str(e) else type(e).__name__,
+                            extra={"reason": "queue_close"})
         for name in self.forget:
             cm.untrack(name)
             rm.forget_destination(name)  # its gpu_relay_* series left with it
         for q, max_disk in self.resize:
             q.max_disk_bytes = max_disk
+        for sender in self.start_senders:
+            pred = sender.predecessor
+            if sender.drain_first is None and pred is not None and pred.drain_first is not None:
+                # the old sender had not finished draining a max_shards change: its successor does
+                sender.drain_first = pred.drain_first
         for sender, q in self.barriers:
             # Entries up to the queue's newest id were sharded under the old count: the new sender
             # ships them first, in id order, so per-series order holds (relay.sender's drain_first).
             sender.drain_first = q.last_id()
+        for sender, shards in self.shard_counts:
+            barrier = shard_barrier(sender.queue, shards)
+            if barrier is not None and (sender.drain_first is None or sender.drain_first < barrier):
+                sender.drain_first = barrier
         if start:
             for s in self.start_senders:
                 s.start()
@@ -245,6 +262,9 @@ def _prepare_one(
             headers=d.headers, auth_refresh=auth_refresh, user_agent=f"gpu-relay/{__version__}",
         )
         gen.start_senders.append(sender)
+        gen.shard_counts.append((sender, d.queue.max_shards))
+        if old is not None and old.sender is not None and old.queue is queue:
+            sender.predecessor = old.sender  # sends nothing until the old one's threads are gone
         if old is not None and old.queue is queue and old.config.queue.max_shards != d.queue.max_shards:
             gen.barriers.append((sender, queue))
     if old is not None:
@@ -253,6 +273,24 @@ def _prepare_one(
         if old.queue is not None and old.queue is not queue:
             gen.close_queues.append(old.queue)
     return Destination(d, stats, queue, sender, method)
+
+
+def shard_barrier(queue: DurableQueue, shards: int) -> int | None:
+    """The drain barrier (``Sender.drain_first``) a sender needs on ``queue`` when its entries were
+    sharded under another shard count than ``shards``, or an unknown one (a queue recovered after a
+    restart with another max_shards, or written before the count was recorded); records ``shards``."""
+    try:
+        recorded = queue.shard_count()
+    except Exception:  # unreadable: assume another count (draining in id order is always safe)
+        recorded = None
+    barrier = queue.last_id() if recorded != shards and queue.shards() else None
+    if recorded != shards:
+        try:
+            queue.set_shard_count(shards)
+        except Exception as e:
+            log.warning("queue %s: cannot record its shard count: %s", queue.name,
+                        str(e).splitlines()[0] if str(e) else type(e).__name__, extra={"reason": "queue"})
+    return barrier
 
 
 def _close(transport: object) -> None:

@@ -113,6 +113,9 @@ class Pipeline:
         self._scratch: dict[bytes, Labels] = {}  # labels decided during the current request
         # (new stage, old stage) whose old aggregator's windows are still to be emitted (reload)
         self._orphans: list[tuple[DestinationStage, DestinationStage]] = []
+        # requests (and flushes) between routing and their queue writes: a reload waits for them
+        self._writers = 0
+        self._idle = threading.Condition(threading.Lock())
         if previous is not None:
             self._take_over(previous)
 
@@ -225,9 +228,31 @@ class Pipeline:
             if is_counter and (family in counters or len(counters) < MAX_COUNTER_FAMILIES):
                 counters[family] = now
 
+    def _begin_write(self) -> None:
+        with self._idle:
+            self._writers += 1
+
+    def _end_write(self) -> None:
+        with self._idle:
+            self._writers -= 1
+            self._idle.notify_all()
+
+    def quiesce(self, timeout: float) -> bool:
+        """Wait until no request or flush routed by this pipeline is still writing to a queue (a
+        reload replaced it: the shard barrier must come after its last write). False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._writers == 0, timeout)
+
     def ingest(self, v1: bytes) -> IngestResult:
         """Route and durably queue one request. Returns only when every destination's share is
         committed (or dropped by rules); storage errors propagate for the caller to answer 503."""
+        self._begin_write()
+        try:
+            return self._ingest(v1)
+        finally:
+            self._end_write()
+
+    def _ingest(self, v1: bytes) -> IngestResult:
         result, pieces_per_dest = self.route(v1)
         m = self.metrics
         m.samples_received_total.inc(result.samples)  # float samples (histograms: result.histograms)
@@ -253,6 +278,13 @@ class Pipeline:
         self._flush(None)
 
     def _flush(self, until_ms: int | None) -> None:
+        self._begin_write()
+        try:
+            self._flush_windows(until_ms)
+        finally:
+            self._end_write()
+
+    def _flush_windows(self, until_ms: int | None) -> None:
         with self.lock:
             orphans, self._orphans[:] = list(self._orphans), []
         for stage, old in orphans:

@@ -161,6 +161,19 @@ class DurableQueue(QueueState):
             on_damaged(report)
         return report
 
+    # -- the shard count the entries were sharded under (SQLite's user_version; 0: unknown) --------
+    def shard_count(self) -> int | None:
+        """The shard count recorded by :meth:`set_shard_count` (None: never recorded, or a file
+        rebuilt after damage); a sender on another count must first drain in id order."""
+        with self._rlock:
+            value = self._rdb.execute("PRAGMA user_version").fetchone()[0]
+        return int(value) if value else None
+
+    def set_shard_count(self, n: int) -> None:
+        """Record the shard count new entries are sharded under (before they are put)."""
+        with self._wlock:
+            self._wdb.execute(f"PRAGMA user_version = {max(0, int(n))}")
+
     # -- writing ---------------------------------------------------------------------------------
     def put(self, pieces: Sequence[Sequence[object]]) -> int:
         """Store all pieces (shard, payload, samples, oldest_ts_ms) in one transaction; durable on

@@ -33,7 +33,9 @@ whose RW 2.0 written-count headers say fewer samples were written counts only th
 (reason ``partial``).
 
 Reload: ``stop()`` returns True only once no request of this sender is in flight and none can
-start, so a new sender on the same queue never sends the same entries concurrently; a new sender
+start; a new sender on the same queue (``predecessor``) sends nothing until the old one's threads
+are gone, even when one of its requests outlived stop()'s wait, so the same entries are never sent
+by both; a new sender
 built with ``drain_first=queue.last_id()`` after a ``max_shards`` change first ships every older
 entry in id order (the barrier that keeps per-series order).
 """
@@ -138,6 +140,9 @@ class Sender:
         self.clock = clock
         self.user_agent = user_agent
         self.drain_first = drain_first
+        # the stopped sender this one replaces on the same queue: nothing is sent before its threads
+        # are gone (a request of it that outlived stop() would otherwise be sent again by us)
+        self.predecessor: Sender | None = None
         self.last_success: float | None = None  # unix time of the last 2xx
         self.last_error: tuple[float, str] | None = None  # (unix time, one-line reason)
         self.failures = RateLimitedLog(log, clock=log_clock or clock)
@@ -193,7 +198,19 @@ class Sender:
         with self._gate:
             return self._in_flight
 
+    def finished(self) -> bool:
+        """True once no thread of this sender runs (after stop(): nothing it held can be acked later)."""
+        with self._lock:
+            threads = [t for t in (self._supervisor, *self._threads.values()) if t is not None]
+        return not any(t.is_alive() for t in threads)
+
     def _supervise(self) -> None:
+        pred = self.predecessor
+        if pred is not None:
+            while not pred.finished():
+                if self._stop.wait(_POLL):
+                    return
+            self.predecessor = None
         if self.drain_first is not None:
             self._drain(self.drain_first)
         while not self._stop.is_set():

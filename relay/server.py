@@ -72,6 +72,9 @@ def json_reply(status: int, obj: Any) -> Reply:
     return Reply(status, (json.dumps(obj, indent=1, sort_keys=False) + "\n").encode(), "application/json")
 
 
+_TELEMETRY_PATHS = frozenset({"/metrics", "/api/v1/cardinality", "/", "/-/reload"})
+
+
 def _text(status: int, message: str, headers: Mapping[str, str] | None = None) -> Reply:
     return Reply(status, (" ".join(message.split()) + "\n").encode(), headers=headers or {})
 
@@ -204,6 +207,9 @@ class _Handler(BaseHTTPRequestHandler):
             gets |= {"/metrics": lambda: ep.metrics(accept), "/api/v1/cardinality": lambda: ep.cardinality(q),
                      "/": lambda: ep.status_page(q)}
         handler = gets.get(path)
+        if handler is None and not srv.serve_telemetry and path in _TELEMETRY_PATHS:
+            return _text(404, "telemetry (/metrics, /api/v1/cardinality, the status page, /-/reload) is not "
+                         "served on this listener: use the one of server.telemetry_listen")
         if handler is None:
             return _text(404, "not found")
         if method not in ("GET", "HEAD"):

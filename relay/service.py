@@ -37,7 +37,7 @@ from relay.destinations import (
 from relay.metrics import RelayMetrics
 from relay.overview import destination_overview
 from relay.pipeline import Pipeline
-from relay.queue import RequestTooLargeError, StorageError
+from relay.queue import QueueError, RequestTooLargeError, StorageError
 from relay.ratelog import RateLimitedLog
 from relay.scrape import Scraper, ScrapeTarget
 from relay.server import Reply, json_reply
@@ -46,6 +46,7 @@ from relay.transport import RequestsTransport, Transport
 log = logging.getLogger(__name__)
 
 STORAGE_RETRY_AFTER_S = 5  # what a 503 for a queue that cannot store asks the client to wait
+QUIESCE_TIMEOUT_S = 30  # how long a reload waits for requests routed by the replaced pipeline
 
 
 ScraperFactory = Callable[[list[ScrapeTarget], Callable[[bytes], None]], Scraper]
@@ -94,6 +95,9 @@ class Runtime:
         gen = prepare(config, {}, self.rm, self.cardinality_metrics, self.transport_factory, queue_factory)
         self.destinations: dict[str, Destination] = gen.destinations
         self.pipeline = self._pipeline(config, gen, previous=None)
+        # nothing to stop or close yet; records the shard counts (a drain where the queue was
+        # sharded under another max_shards before a restart); the senders start in start()
+        gen.commit(self.rm, self.cardinality_metrics, start=False)
         self.config = config
         self.max_request_bytes = config.server.max_request_bytes
         self.rm.config_last_reload_successful.set(1)
@@ -135,8 +139,9 @@ class Runtime:
         try:
             self.pipeline.ingest(v1)
         except Exception as e:  # the queue could not store it: the next scrape brings fresh values
-            log.warning("could not queue scraped samples: %s", _one_line(e),
-                        extra={"reason": type(e).__name__})
+            # a full disk fails every scrape: one line a minute per kind of failure, with a count
+            self._storage_log.warning(("scrape", type(e).__name__), "could not queue scraped samples: %s",
+                                      _one_line(e), extra={"reason": type(e).__name__})
 
     def _background(self) -> None:
         last_expire = time.monotonic()
@@ -183,8 +188,14 @@ class Runtime:
         for d in self.destinations.values():
             if d.sender is not None:
                 d.sender.stop()
-            if d.queue is not None:
+        for d in self.destinations.values():
+            if d.queue is None:
+                continue
+            try:
                 d.queue.close()
+            except Exception as e:  # e.g. a full disk: what is queued stays in the file; close the others
+                log.warning("could not close the queue of destination %s: %s", d.config.name, _one_line(e),
+                            extra={"destination": d.config.name, "reason": "queue_close"})
 
     # -- the write endpoint ----------------------------------------------------------------------
     def write(self, headers: Mapping[str, str], body: bytes) -> Reply:
@@ -205,6 +216,11 @@ class Runtime:
         except StorageError as e:
             self._storage_log.warning("storage", "could not store a request, answered 503: %s", _one_line(e),
                                       extra={"reason": "storage"})
+            return self._answer(503, f"could not store the request: {_one_line(e)}",
+                                {"Retry-After": str(STORAGE_RETRY_AFTER_S)})
+        except QueueError as e:  # e.g. a queue closed by a stop or reload under way: retry later
+            self._storage_log.warning("queue", "could not queue a request, answered 503: %s", _one_line(e),
+                                      extra={"reason": "queue"})
             return self._answer(503, f"could not store the request: {_one_line(e)}",
                                 {"Retry-After": str(STORAGE_RETRY_AFTER_S)})
         except Exception as e:  # unexpected: tell the client to retry later, with the cause logged
@@ -253,6 +269,8 @@ class Runtime:
             limit = int((query.get("limit") or ["10"])[0])
         except ValueError:
             return json_reply(400, {"status": "error", "error": "limit must be an integer"})
+        if limit < 1:
+            return json_reply(400, {"status": "error", "error": "limit must be a positive integer"})
         if not names:
             return json_reply(404, {"status": "error", "error": "no destinations configured", "destinations": []})
         name = (query.get("destination") or [names[0]])[0]
@@ -307,9 +325,16 @@ class Runtime:
             for warning in config.warnings:
                 log.warning("%s", warning)
             scrape_changed = config.scrape != self.config.scrape
+            replaced = self.pipeline
             self.destinations = gen.destinations
             self.pipeline = pipeline
             self.config = config
+            # a request routed by the old pipeline (old shard count) may still be writing: the
+            # barrier of a max_shards change (taken in commit) must come after its last write
+            if not replaced.quiesce(QUIESCE_TIMEOUT_S):
+                log.warning("a request routed before the reload was still being written after %ds; "
+                            "per-series order across the max_shards change is not guaranteed for it",
+                            QUIESCE_TIMEOUT_S, extra={"reason": "reload_quiesce_timeout"})
             # the replaced senders stop for good before their successors start
             gen.commit(self.rm, self.cardinality_metrics, start=self._started)
             if scrape_changed and self._started:

@@ -505,3 +505,15 @@ class BrokenEndpoints(Recorder):
 def test_endpoints_failing_outside_a_call_still_get_a_500_not_a_dropped_connection(serve: Serve) -> None:
     answer = exchange(serve(BrokenEndpoints()), b"GET /-/healthy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert status_of(answer) == 500 and body_of(answer) == b"internal error\n"
+
+
+def test_telemetry_paths_on_a_write_only_listener_say_where_telemetry_is_served(serve: Serve) -> None:
+    # the sidecar serves telemetry on :9202; `gpu-relay report` on the write port must say so, not
+    # "HTTP 404: not found"
+    write = serve(Recorder(), serve_telemetry=False)
+    for method, path in (("GET", "/metrics"), ("GET", "/api/v1/cardinality?destination=amp"), ("GET", "/"),
+                         ("POST", "/-/reload")):
+        status, body = request(write, method, path)
+        assert status == 404, path
+        assert b"telemetry_listen" in body and b"\n" not in body.rstrip(b"\n"), path
+    assert request(write, "GET", "/nope") == (404, b"not found\n")

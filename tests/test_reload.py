@@ -5,6 +5,7 @@ changes apply; the config file is watched; gpu_relay_config_last_reload_successf
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -357,3 +358,214 @@ def test_setup_error_is_one_line_naming_the_destination_once() -> None:
     assert str(e) == "destination amp: cannot set up credentials: no credentials (do X)"
     e = SetupError("amp", "its queue /q/amp.queue.db", OSError(), "check storage.path")
     assert str(e) == "destination amp: cannot set up its queue /q/amp.queue.db: OSError (check storage.path)"
+
+
+class GatedQueue(DurableQueue):
+    """A real queue whose put waits for ``gate`` while it is set: a request routed by the old
+    pipeline whose write is still in progress when a reload commits."""
+
+    gate: threading.Event | None = None
+    waiting = threading.Event()
+
+    def put(self, pieces: object) -> int:  # type: ignore[override]
+        gate = GatedQueue.gate
+        if gate is not None:
+            GatedQueue.waiting.set()
+            gate.wait(10)
+        return super().put(pieces)  # type: ignore[arg-type]
+
+
+class SlowForStamp(ScriptedTransport):
+    """Answers 204; a request whose samples are all stamped ``slow`` is held 0.5 s before it is
+    recorded, so a request of another shard sent meanwhile is recorded first."""
+
+    def __init__(self, slow: int) -> None:
+        super().__init__(204)
+        self.slow = slow
+
+    def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> Response:
+        stamps = {ts for _, ss in wire.decode_write_request(snappy.uncompress(body)) for ts, _ in ss}
+        if stamps == {self.slow}:
+            time.sleep(0.5)
+        return super().post(url, body, headers, timeout)
+
+
+def test_reload_changing_max_shards_keeps_order_for_a_request_whose_write_was_in_progress(
+        running: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    t = now_ms()
+    tx = SlowForStamp(t)
+    r = start(running, tmp_path, dest("d", "http://rx/api/v1/write").replace("max_shards: 2", "max_shards: 4"),
+              transport_factory=lambda d: tx,
+              queue_factory=lambda d, p: GatedQueue(p, d.queue.max_disk))
+    names = [f"s{i}" for i in range(16)]
+    gate = threading.Event()
+    monkeypatch.setattr(GatedQueue, "gate", gate)
+    GatedQueue.waiting.clear()
+    statuses: list[int] = []
+    first = threading.Thread(target=lambda: statuses.append(r.post([(S("m", s=n), [(t, 0.0)]) for n in names])))
+    first.start()  # routed under 4 shards; its write waits at the gate
+    old_pipeline = r.runtime.pipeline
+    assert GatedQueue.waiting.wait(10)
+    r.path.write_text(config_text(tmp_path, dest("d", "http://rx/api/v1/write")))  # max_shards 4 -> 2
+    results: list[tuple[bool, str]] = []
+    reload = threading.Thread(target=lambda: results.append(r.runtime.reload_config()))
+    reload.start()
+    assert wait_until(lambda: r.runtime.pipeline is not old_pipeline)
+    time.sleep(0.1)
+    gate.set()  # the old pipeline's write commits now
+    monkeypatch.setattr(GatedQueue, "gate", None)
+    first.join(10)
+    reload.join(10)
+    assert statuses == [204]
+    assert results == [(True, "configuration reloaded")]
+    assert r.post([(S("m", s=n), [(t + 1, 1.0)]) for n in names]) == 204  # sent once the first was acked
+    assert wait_until(lambda: len(tx.samples()) >= 32, timeout=20)
+    got = tx.samples()
+    assert len(got) == 32
+    for n in names:
+        assert [ts for lb, ts, _ in got if lb == S("m", s=n)] == [t, t + 1], n
+
+
+class HangingTransport(ScriptedTransport):
+    """A destination whose reply takes ``hang`` seconds whatever the client's timeout (a response
+    that trickles in), then 204: the request delivered what it carried."""
+
+    def __init__(self, hang: float) -> None:
+        super().__init__(204)
+        self.hang = hang
+        self.entered = threading.Event()
+        self.returned_at: float | None = None
+
+    def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> Response:
+        self.entered.set()
+        time.sleep(self.hang)
+        reply = super().post(url, body, headers, timeout)
+        self.returned_at = time.monotonic()
+        return reply
+
+
+class TimedTransport(ScriptedTransport):
+    def __init__(self) -> None:
+        super().__init__(204)
+        self.first_at: float | None = None
+
+    def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> Response:
+        if self.first_at is None:
+            self.first_at = time.monotonic()
+        return super().post(url, body, headers, timeout)
+
+
+def test_reload_while_the_old_senders_request_outlives_its_timeout_never_sends_the_entries_twice(
+        running: list[Running], tmp_path: Path) -> None:
+    old, new = HangingTransport(2.5), TimedTransport()
+
+    def factory(d: DestinationConfig) -> ScriptedTransport:
+        return old if "old" in d.url else new
+
+    queue = QUEUE.replace("}", ", timeout: 200ms}")
+    r = start(running, tmp_path, dest("d", "http://old/api/v1/write").replace(QUEUE, queue),
+              transport_factory=factory)
+    t = now_ms()
+    assert r.post([(S("m", i=str(i)), [(t, float(i))]) for i in range(5)]) == 204
+    assert old.entered.wait(10)  # the old sender's request is in flight
+    r.path.write_text(config_text(tmp_path, dest("d", "http://new/api/v1/write").replace(QUEUE, queue)))
+    assert r.runtime.reload_config() == (True, "configuration reloaded")  # stop() gave up after 1.2 s
+    assert wait_until(lambda: old.returned_at is not None, timeout=10)
+    time.sleep(0.5)
+    # the new sender sent nothing while the old request was in flight, and nothing twice
+    assert new.first_at is None or (old.returned_at is not None and new.first_at >= old.returned_at)
+    delivered = old.samples() + new.samples()
+    assert sorted(delivered) == sorted((S("m", i=str(i)), t, float(i)) for i in range(5))
+
+
+class CloseFailsQueue(DurableQueue):
+    """A real queue whose close fails the way a full disk makes its last write fail."""
+
+    def close(self) -> None:
+        if "gone" in str(self.path):
+            raise sqlite3.OperationalError("database or disk is full")
+        super().close()
+
+
+def test_reload_whose_removed_destinations_queue_fails_to_close_still_starts_the_new_senders(
+        running: list[Running], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    transports = {"http://old/api/v1/write": ScriptedTransport(503), "http://new/api/v1/write": ScriptedTransport(204),
+                  "http://gone/api/v1/write": ScriptedTransport(204)}
+    r = start(running, tmp_path, dest("keep", "http://old/api/v1/write") + dest("gone", "http://gone/api/v1/write"),
+              transport_factory=lambda d: transports[d.url],
+              queue_factory=lambda d, p: CloseFailsQueue(p, d.queue.max_disk))
+    t = now_ms()
+    assert r.post([(S("m", i=str(i)), [(t, float(i))]) for i in range(5)]) == 204
+    r.path.write_text(config_text(tmp_path, dest("keep", "http://new/api/v1/write")))
+    with caplog.at_level(logging.WARNING):
+        assert r.runtime.reload_config() == (True, "configuration reloaded")
+    assert wait_until(lambda: len(transports["http://new/api/v1/write"].samples()) >= 5)
+    assert any("gone" in rec.getMessage() and "disk is full" in rec.getMessage() for rec in caplog.records)
+    assert not any(rec.exc_info for rec in caplog.records)
+
+
+def test_stop_with_a_queue_that_fails_to_close_still_stops_and_closes_the_others(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "relay.yaml"
+    path.write_text(config_text(tmp_path, dest("gone", "http://gone/api/v1/write") + dest("b", "http://b/api/v1/write")))
+    runtime = Runtime(str(path), load_config(path), transport_factory=lambda d: ScriptedTransport(204),
+                      queue_factory=lambda d, p: CloseFailsQueue(p, d.queue.max_disk))
+    runtime.start()
+    with caplog.at_level(logging.WARNING):
+        runtime.stop()  # graceful stop: one warning for the queue that could not close, no exception
+    b = runtime.destinations["b"]
+    assert b.queue is not None and b.queue.closed
+    assert b.sender is not None and b.sender.finished()
+    assert any("gone" in rec.getMessage() and "disk is full" in rec.getMessage() for rec in caplog.records)
+
+
+def test_reload_during_a_max_shards_drain_keeps_the_drain_for_the_next_sender(
+        running: list[Running], tmp_path: Path) -> None:
+    t = now_ms()
+    down, up = ScriptedTransport(503), SlowForStamp(t)
+    r = start(running, tmp_path, dest("d", "http://down/api/v1/write").replace("max_shards: 2", "max_shards: 4"),
+              transport_factory=lambda d: down if "down" in d.url else up)
+    names = [f"s{i}" for i in range(16)]
+    assert r.post([(S("m", s=n), [(t, 0.0)]) for n in names]) == 204  # sharded under 4
+    assert wait_until(lambda: len(down.bodies) >= 1)
+    r.path.write_text(config_text(tmp_path, dest("d", "http://down/api/v1/write")))  # 4 -> 2: draining, failing
+    assert r.runtime.reload_config() == (True, "configuration reloaded")
+    assert r.post([(S("m", s=n), [(t + 1, 1.0)]) for n in names]) == 204  # sharded under 2
+    tried = len(down.bodies)
+    assert wait_until(lambda: len(down.bodies) > tried)  # the drain is retrying
+    r.path.write_text(config_text(tmp_path, dest("d", "http://up/api/v1/write")))  # same 2 shards, new url
+    assert r.runtime.reload_config() == (True, "configuration reloaded")
+    assert wait_until(lambda: len(up.samples()) >= 32, timeout=20)
+    got = up.samples()
+    assert len(got) == 32
+    for n in names:
+        assert [ts for lb, ts, _ in got if lb == S("m", s=n)] == [t, t + 1], n
+
+
+def test_restart_with_another_max_shards_ships_the_recovered_entries_first_in_order(tmp_path: Path) -> None:
+    t = now_ms()
+    path = tmp_path / "relay.yaml"
+    four = dest("d", "http://down/api/v1/write").replace("max_shards: 2", "max_shards: 4")
+    path.write_text(config_text(tmp_path, four))
+    names = [f"s{i}" for i in range(16)]
+    first = Running(path, transport_factory=lambda d: ScriptedTransport(503))
+    assert first.post([(S("m", s=n), [(t, 0.0)]) for n in names]) == 204  # queued under 4 shards
+    first.runtime.stop()
+    up = SlowForStamp(t)
+    path.write_text(config_text(tmp_path, dest("d", "http://up/api/v1/write")))  # restarted with 2 shards
+    second = Running(path, transport_factory=lambda d: up)
+    try:
+        assert second.post([(S("m", s=n), [(t + 1, 1.0)]) for n in names]) == 204
+        assert wait_until(lambda: len(up.samples()) >= 32, timeout=20)
+        got = up.samples()
+        assert len(got) == 32
+        for n in names:
+            assert [ts for lb, ts, _ in got if lb == S("m", s=n)] == [t, t + 1], n
+    finally:
+        second.runtime.stop()
+    third = Running(path, transport_factory=lambda d: ScriptedTransport(204))  # same count again: no drain
+    try:
+        sender = third.runtime.destinations["d"].sender
+        assert sender is not None and sender.drain_first is None
+    finally:
+        third.runtime.stop()

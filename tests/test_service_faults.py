@@ -14,7 +14,7 @@ import snappy
 
 from relay import wire
 from relay.config import DestinationConfig, load_config
-from relay.queue import DurableQueue
+from relay.queue import DurableQueue, QueueError
 from relay.server import RelayHTTPServer
 from relay.service import RequestTooLargeError, Runtime, StorageError
 from tests.test_service import RW1, RW1_LOWER, S, Series, config_text, now_ms, simple_dest
@@ -210,5 +210,46 @@ def test_the_decision_cache_budget_comes_from_the_config_and_changes_on_reload(t
         ok, message = runtime.reload_config()
         assert ok, message
         assert runtime.pipeline.cache.max_bytes == 2 << 20
+    finally:
+        runtime.stop()
+
+
+@pytest.mark.parametrize("limit", ["-5", "0"])
+def test_cardinality_with_a_limit_below_one_is_a_400_not_a_silently_odd_report(tmp_path: Path, limit: str) -> None:
+    runtime = runtime_with(tmp_path)
+    try:
+        assert write(runtime, [(S(f"m{i}", i="1"), [(now_ms(), 1.0)]) for i in range(3)])[0] == 204
+        reply = runtime.cardinality({"limit": [limit]})
+        assert reply.status == 400 and b"positive integer" in reply.body
+        assert runtime.cardinality({"limit": ["2"]}).status == 200
+    finally:
+        runtime.stop()
+
+
+def test_scrapes_that_cannot_be_queued_on_a_full_disk_log_one_warning_not_one_per_scrape(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    runtime = runtime_with(tmp_path, _error(StorageError, "database or disk is full"))
+    body = wire.encode_write_request([(S("m"), [(now_ms(), 1.0)])])
+    try:
+        with caplog.at_level(logging.WARNING, logger="relay.service"):
+            for _ in range(20):  # twenty scrapes in a row, the disk still full
+                runtime._ingest_scraped(body)
+        lines = [r for r in caplog.records if r.name == "relay.service"]
+        assert len(lines) == 1 and not lines[0].exc_info
+        assert "disk is full" in lines[0].getMessage()
+    finally:
+        runtime.stop()
+
+
+def test_writes_to_a_closed_queue_are_503_with_one_warning_not_a_traceback_per_request(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # a request still arriving while stop or a reload closes a destination's queue
+    runtime = runtime_with(tmp_path, _error(QueueError, "queue is closed"))
+    try:
+        with caplog.at_level(logging.WARNING, logger="relay.service"):
+            replies = [write(runtime, [(S("m"), [(now_ms(), 1.0)])]) for _ in range(10)]
+        assert {(status, headers.get("Retry-After")) for status, headers, _ in replies} == {(503, "5")}
+        lines = [r for r in caplog.records if r.name == "relay.service"]
+        assert len(lines) == 1 and not lines[0].exc_info and "queue is closed" in lines[0].getMessage()
     finally:
         runtime.stop()
