@@ -540,6 +540,7 @@ def test_health_ready_index_and_404(start: StartRelay, rx: RecordingServer) -> N
     assert relay.request("GET", "/-/ready")[::2] == (200, b"gpu-relay is Ready.\n")
     status, _, body = relay.request("GET", "/")
     assert status == 200 and b"/api/v1/write" in body
+    assert f"on <code>{relay.runtime.config.server.listen}</code>".encode() in body  # the write address
     assert relay.request("GET", "/nope")[0] == 404
     assert relay.request("POST", "/nope", b"")[0] == 404
 
