@@ -93,8 +93,9 @@ def import_prometheus(
     relay["remote_write"] = kept
     header = (
         f"# gpu-relay config imported from {filename} by gpu-relay import-prometheus.\n"
-        "# Check it with: gpu-relay check-config <this file>; add prune_labels, aggregate, limits or dry_run\n"
-        "# in a destinations: entry (see docs/relay-config.md).\n"
+        "# Check it with: gpu-relay check-config <this file>. For dry_run, prune_labels, aggregate or limits,\n"
+        '# move the entry to destinations: ("Moving a `remote_write` entry to `destinations:`" in\n'
+        "# docs/relay-config.md). The queues are stored under storage.path (import with --storage-path DIR).\n"
     )
     return Imported(
         header + _dump(relay), _prometheus_entry(entries, originals, relay_url), tuple(skipped), tuple(credentials)

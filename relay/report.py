@@ -18,6 +18,8 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from relay.units import format_duration
+
 Fetch = Callable[[str], Mapping[str, Any]]
 
 
@@ -153,7 +155,7 @@ def render_report(snapshot: Mapping[str, Any], now: float | None = None) -> str:
     lines = [f"== destination {snapshot.get('destination', '?')} =="]
     lines += _fields([
         *_sending(snapshot, now),
-        ("window", f"{_num(snapshot.get('window_seconds', 0))}s"),
+        ("window", format_duration(max(0.0, float(snapshot.get("window_seconds", 0))))),
         ("active series", f"in {_num(active.get('in', 0))}, out {_num(active.get('out', 0))}"),
         ("samples/s", f"in {_num(rates.get('in', 0.0))}, out {_num(rates.get('out', 0.0))}"),
     ])
@@ -162,13 +164,21 @@ def render_report(snapshot: Mapping[str, Any], now: float | None = None) -> str:
                    snapshot.get("top_labels", {}))
     dropped = snapshot.get("dropped", {})
     lines += ["", "dropped", *_table(["reason", "series", "samples"], [
-        [r, _num(v.get("series", 0)), _num(v.get("samples", 0))] for r, v in sorted(dropped.items())])]
+        [r, _drop_series(v), _num(v.get("samples", 0))] for r, v in sorted(dropped.items())])]
+    if any(_drop_series(v) == "-" for v in dropped.values()):
+        lines.append("  series -: counted in samples only (rules, aggregation, a full queue)")
     cost = snapshot.get("estimated_cost")
     if isinstance(cost, Mapping):
         lines += ["", *_render_cost(cost, snapshot.get("estimated_cost_without_rules"))]
     elif "estimated_cost" in snapshot:
         lines += ["", "no AMP bill: not an Amazon Managed Prometheus workspace URL"]
     return "\n".join(lines) + "\n"
+
+
+def _drop_series(drop: Mapping[str, Any]) -> str:
+    """The series a drop counted, or ``-`` for the reasons the relay counts in samples only."""
+    series, samples = drop.get("series", 0), drop.get("samples", 0)
+    return "-" if not series and samples else _num(float(series))
 
 
 def _render_cost(cost: Mapping[str, Any], before: Any) -> list[str]:

@@ -294,7 +294,8 @@ class Runtime:
                 continue
         samples_in = self.registry.get_sample_value("gpu_relay_samples_received_total") or 0.0
         config_ok = self.registry.get_sample_value("gpu_relay_config_last_reload_successful") == 1.0
-        html = render_status_page(overviews, samples_in=samples_in, now=self.clock(), config_ok=config_ok)
+        html = render_status_page(overviews, samples_in=samples_in, now=self.clock(), config_ok=config_ok,
+                                  write_listen=self.config.server.listen)
         return Reply(200, html.encode(), "text/html; charset=utf-8")
 
     # -- reload ----------------------------------------------------------------------------------

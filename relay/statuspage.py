@@ -158,10 +158,12 @@ def _destination(snap: Mapping[str, Any], samples_in: float, now: float) -> str:
 
 
 def render_status_page(overviews: Sequence[Mapping[str, Any]], *, samples_in: float, now: float,
-                       config_ok: bool = True) -> str:
-    """The whole page for the destinations' overviews (``samples_in``: gpu_relay_samples_received_total)."""
+                       config_ok: bool = True, write_listen: str | None = None) -> str:
+    """The whole page for the destinations' overviews (``samples_in``: gpu_relay_samples_received_total;
+    ``write_listen``: server.listen, shown since the page may be served on another port)."""
     config = "configuration loaded" if config_ok else "last reload REFUSED (old configuration running)"
     body = "".join(_destination(s, samples_in, now) for s in overviews) or "<p>No destinations configured.</p>"
+    where = f" on <code>{escape(write_listen)}</code>" if write_listen else ""
     links = " · ".join(f'<a href="{p}">{p}</a>' for p in ("/metrics", "/api/v1/cardinality", "/-/healthy", "/-/ready"))
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -171,6 +173,6 @@ def render_status_page(overviews: Sequence[Mapping[str, Any]], *, samples_in: fl
         f"<h1>gpu-relay {escape(__version__)}</h1>"
         f'<div class="meta">{escape(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(now)))} · '
         f'<span data-key="config">{escape(config)}</span> · refreshes every {REFRESH_S} s · '
-        f"remote-write in: <code>POST /api/v1/write</code> · {links}</div>"
+        f"remote-write in: <code>POST /api/v1/write</code>{where} · {links}</div>"
         f"{body}</body></html>\n"
     )

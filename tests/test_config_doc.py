@@ -102,3 +102,20 @@ def test_the_reference_examples_parse() -> None:
     text = whole + dest + rw.replace("ws-0123", "ws-4567")
     parsed = config.parse_config(text.replace("${POD_NAME}", "p"), env={})
     assert [d.name for d in parsed.destinations] == ["amp", default_name("https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-4567/api/v1/remote_write")]
+
+
+def test_the_moved_entry_example_is_the_seed_s_remote_write_entry_as_a_dry_run_destination() -> None:
+    """The doc says how to move a pasted entry to destinations: (for dry_run, prune_labels...); its
+    example, the seed's AMP entry moved, must be the same destination as the pasted one, dry run aside."""
+    from relay.promimport import import_prometheus
+
+    seed = Path(__file__).parent / "data" / "prometheus" / "seed.yml"
+    pasted = config.parse_config(import_prometheus(seed).relay_config, env={}).destinations
+    text = DOC.read_text(encoding="utf-8")
+    heading = "### Moving a `remote_write` entry to `destinations:`"
+    assert heading in text
+    block = re.findall(r"```yaml\n(.*?)```", text.split(heading, 1)[1], flags=re.S)[0]
+    moved = config.parse_config(block, env={})
+    assert moved.warnings == ()  # nothing left that the relay does not honour
+    assert [d.dry_run for d in moved.destinations] == [True]
+    assert [dataclasses.replace(d, dry_run=False) for d in moved.destinations] == list(pasted)

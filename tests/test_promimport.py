@@ -133,6 +133,18 @@ def test_output_file_gets_the_relay_config_and_stdout_the_prometheus_entry(
     assert load_config(out_file).destinations[0].sigv4 is not None
 
 
+def test_the_header_sends_dry_run_and_the_relay_s_own_keys_to_the_doc_section_that_explains_the_move() -> None:
+    """A remote_write entry cannot take dry_run (unknown key): the header must say to move the entry,
+    and name a section the reference really has."""
+    header = [ln for ln in import_prometheus(PROM / "seed.yml").relay_config.splitlines() if ln.startswith("#")]
+    text = " ".join(ln.lstrip("# ") for ln in header)
+    assert "move the entry to destinations:" in text
+    section = re.search(r'"([^"]+)" in docs/relay-config\.md', text)
+    assert section is not None, text
+    doc = (Path(__file__).parent.parent / "docs" / "relay-config.md").read_text(encoding="utf-8")
+    assert f"### {section.group(1)}\n" in doc
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

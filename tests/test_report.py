@@ -93,6 +93,27 @@ def test_render_report_shows_series_tops_drops_and_cost_one_list_under_the_other
     assert all(ln == ln.rstrip() for ln in lines)
 
 
+def test_drops_the_relay_counts_in_samples_only_show_no_series_count_rather_than_zero() -> None:
+    """Rule and aggregation drops are counted in samples only: "rules 0 1091" read as "0 series dropped"."""
+    snap = snapshot()
+    snap["dropped"] = {"rules": {"series": 0, "samples": 1091}, "aggregated": {"series": 0, "samples": 40},
+                       "max_series": {"series": 2, "samples": 7}, "collision": {"series": 3, "samples": 0}}
+    rows = [ln.split() for ln in block(render_report(snap), "dropped")]
+    assert rows[0] == ["reason", "series", "samples"]
+    assert ["rules", "-", "1091"] in rows
+    assert ["aggregated", "-", "40"] in rows
+    assert ["max_series", "2", "7"] in rows
+    assert ["collision", "3", "0"] in rows
+    assert any("-" in ln and "samples only" in ln for ln in render_report(snap).splitlines())
+
+
+@pytest.mark.parametrize(("seconds", "shown"), [(3600, "1h"), (5400, "1h30m"), (90, "1m30s"), (45, "45s")])
+def test_the_window_is_shown_as_a_duration_like_the_config_writes_it(seconds: int, shown: str) -> None:
+    snap = snapshot()
+    snap["window_seconds"] = float(seconds)
+    assert ["window", shown] in [ln.split() for ln in render_report(snap).splitlines()]
+
+
 def sending_snapshot(**over: Any) -> dict[str, Any]:
     snap = snapshot()
     snap.update(

@@ -7,6 +7,8 @@ import re
 from html.parser import HTMLParser
 from typing import Any
 
+import pytest
+
 from relay.overview import sending_state
 from relay.statuspage import REFRESH_S, render_status_page
 
@@ -69,6 +71,14 @@ def test_page_refreshes_itself_and_loads_nothing_from_elsewhere() -> None:
     assert not [t for t, _ in tags if t in ("script", "img", "link", "iframe")]
     assert all(not (a.get("href") or "").startswith(("http:", "https:", "//")) for _, a in tags)
     assert "/api/v1/write" in html
+
+
+@pytest.mark.parametrize(("listen", "shown"), [("127.0.0.1:9201", "127.0.0.1:9201"), (":9201", ":9201"),
+                                                ("[::1]:9201", "[::1]:9201")])
+def test_page_says_where_remote_write_is_received_which_is_not_the_telemetry_port(listen: str, shown: str) -> None:
+    """In the sidecar the page is on :9202 and the writes on 127.0.0.1:9201: a bare path reads as "here"."""
+    html = render_status_page([overview()], samples_in=1, now=1_000_010.0, write_listen=listen)
+    assert f"remote-write in: <code>POST /api/v1/write</code> on <code>{shown}</code>" in html
 
 
 def test_page_shows_each_destinations_numbers_exactly() -> None:
