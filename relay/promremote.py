@@ -69,7 +69,8 @@ QUEUE_HONOURED = {  # Prometheus name -> the relay's
     "sample_age_limit": "max_sample_age",
 }
 QUEUE_NOT_HONOURED: dict[str, tuple[str, object]] = {
-    "capacity": ("the relay's queue is on disk, bounded by a destination's queue.max_disk (default 1GiB)", None),
+    "capacity": ("the relay's queue is on disk, bounded by max_disk (1GiB; to change it, move the entry to "
+                 "destinations: and set queue.max_disk, see docs/relay-config.md)", None),
     "min_shards": ("the relay runs max_shards shards", None),
     "retry_on_http_429": ("the relay always retries 429 (Too Many Requests), honouring Retry-After", True),
 }

@@ -316,7 +316,8 @@ def test_check_config_prints_warnings_and_still_succeeds(capsys: pytest.CaptureF
     assert out.startswith(f"{path}: OK: 1 destination (local)")
     assert err.splitlines() == [
         f"warning: {path}:5: remote_write[0].queue_config.capacity: not honoured: the relay's queue is on disk, "
-        "bounded by a destination's queue.max_disk (default 1GiB)"
+        "bounded by max_disk (1GiB; to change it, move the entry to destinations: and set queue.max_disk, "
+        "see docs/relay-config.md)"
     ]
 
 

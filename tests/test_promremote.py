@@ -63,7 +63,8 @@ def test_keys_the_relay_cannot_honour_are_warnings_naming_them() -> None:
     warnings = parse_config(FULL).warnings
     assert warnings == (
         "relay.yaml:17: remote_write[0].queue_config.capacity: not honoured: the relay's queue is on disk, "
-        "bounded by a destination's queue.max_disk (default 1GiB)",
+        "bounded by max_disk (1GiB; to change it, move the entry to destinations: and set queue.max_disk, "
+        "see docs/relay-config.md)",
         "relay.yaml:19: remote_write[0].queue_config.min_shards: not honoured: the relay runs max_shards shards",
         "relay.yaml:27: remote_write[0].metadata_config.send_interval: not honoured: the relay forwards "
         "metadata when Prometheus sends it",
