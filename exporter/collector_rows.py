@@ -49,10 +49,13 @@ def label_values(backend: object, d: DeviceInfo, driver: str, names: Sequence[st
 def xid_labels(prefix: str, pod: PodLabels | None, code: int) -> str:
     """The XID row's labels: dcgm-exporter 4.8.2 adds ``err_code`` and ``err_msg`` attributes,
     rendered with the pod attributes in sorted key order (container, err_code, err_msg, namespace,
-    pod), as its Go template ranges over the attribute map."""
+    pod, vgpu), as its Go template ranges over the attribute map."""
     attrs = {"err_code": str(code), "err_msg": xid_message(code)}
     if pod is not None:
         attrs.update(container=pod.container, namespace=pod.namespace, pod=pod.pod)
+        vgpu = str(getattr(pod, "vgpu", "") or "")
+        if vgpu:
+            attrs["vgpu"] = vgpu
     return prefix + "".join(f',{k}="{escape_label_value(v)}"' for k, v in sorted(attrs.items())) + "}"
 
 
