@@ -13,6 +13,7 @@ from typing import Any
 
 import pynvml
 import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from exporter.cli import EXIT_OK, main
 from exporter.nvml import NvmlBackend
@@ -149,3 +150,19 @@ def test_cli_driver_reload_reinitialises_nvml_and_every_gpu_comes_back(run_nvml:
         ln + "\n" for ln in text.splitlines() if ln.startswith("gpu_exporter_device_up{"))
     fake.xids.append((1, 48))  # the new event set receives XIDs again
     assert wait_until(lambda: 'err_code="48"' in run.metrics(), timeout=10)
+
+
+def test_faulty_mig_node_openmetrics_behind_the_flag_parses_strictly(run_nvml: Any) -> None:
+    run = run_nvml(a_faulty_mig_node(), "--enable-openmetrics")
+    assert wait_until(lambda: 'err_code="31"' in run.metrics(), timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", run.port, timeout=5)
+    try:
+        conn.request("GET", "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        body = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    assert body.endswith("# EOF\n")
+    families = {f.name: f for f in text_string_to_metric_families(body)}  # type: ignore[no-untyped-call]
+    up = {s.labels["gpu"]: s.value for s in families["gpu_exporter_device_up"].samples}
+    assert up == {"0": 1.0, "1": 1.0, "2": 0.0}
+    assert len(families["DCGM_FI_DEV_SM_CLOCK"].samples) == 3  # GPU 0's two GPU instances and GPU 1
