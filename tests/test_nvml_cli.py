@@ -166,3 +166,59 @@ def test_faulty_mig_node_openmetrics_behind_the_flag_parses_strictly(run_nvml: A
     up = {s.labels["gpu"]: s.value for s in families["gpu_exporter_device_up"].samples}
     assert up == {"0": 1.0, "1": 1.0, "2": 0.0}
     assert len(families["DCGM_FI_DEV_SM_CLOCK"].samples) == 3  # GPU 0's two GPU instances and GPU 1
+
+
+def _last_collection(text: str) -> float:
+    line = next(ln for ln in text.splitlines() if ln.startswith("gpu_exporter_last_collection_timestamp_seconds"))
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_cli_hung_gpu_is_down_by_timeout_the_others_stay_fresh_and_it_recovers(run_nvml: Any) -> None:
+    fake = FakeNvml(n_gpus=2, clock=time.monotonic)
+    run = run_nvml(fake)
+    assert wait_until(lambda: _gpu_temps(run.metrics()) == ["0", "1"], timeout=10)
+    gate = threading.Event()
+    fake.hang[1] = gate
+    try:
+        assert wait_until(lambda: "timeout" in run.get("/health")[1], timeout=10)
+        assert _gpu_temps(run.metrics()) == ["0"]
+        before = _last_collection(run.metrics())
+        assert wait_until(lambda: _last_collection(run.metrics()) > before + 0.5, timeout=10)
+        assert _gpu_temps(run.metrics()) == ["0"]
+    finally:
+        del fake.hang[1]
+        gate.set()
+    assert wait_until(lambda: _gpu_temps(run.metrics()) == ["0", "1"], timeout=10)
+    assert "timeout" not in run.get("/health")[1]
+
+
+def test_cli_stops_promptly_while_one_gpus_nvml_call_hangs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "node-t")
+    fake = FakeNvml(n_gpus=2, clock=time.monotonic)
+    port, stop, result = free_port(), threading.Event(), []
+    t = threading.Thread(target=lambda: result.append(main(
+        ["--listen", f"127.0.0.1:{port}", "--interval", "100ms", "--backend", "nvml"], stop,
+        backend_factory=lambda _: NvmlBackend(fake))))
+    t.start()
+    gate = threading.Event()
+    run = Running(port, fake)
+    try:
+        assert wait_until(lambda: _gpu_temps(run.metrics()) == ["0", "1"] if _serving(run) else bool(result), 10)
+        fake.hang[1] = gate
+        assert wait_until(lambda: "timeout" in run.get("/health")[1], timeout=10)
+        started = time.monotonic()
+        stop.set()
+        t.join(timeout=15)
+        assert result == [EXIT_OK] and time.monotonic() - started < 12
+    finally:
+        stop.set()
+        gate.set()
+        t.join(timeout=10)
+
+
+def _serving(run: Running) -> bool:
+    try:
+        run.metrics()
+        return True
+    except OSError:
+        return False
