@@ -360,3 +360,26 @@ def test_profiling_refused_over_nvml_lists_each_prof_row_unavailable_after_cli_s
         assert "DCGM_FI_PROF_DRAM_ACTIVE{" not in text
     finally:
         b.close()
+
+
+def test_mig_enabled_mid_run_then_disabled_switches_series_without_restart_or_duplicates() -> None:
+    fake = FakeNvml(n_gpus=2)
+    b, c = nvml_collector(fake)
+    try:
+        def sm_lines() -> list[str]:
+            fake.now += 5.0
+            text = c.collect_once().text.decode().splitlines()
+            keys = [ln.rsplit(" ", 1)[0] for ln in text if ln.startswith("DCGM_")]
+            assert len(keys) == len(set(keys))
+            return [ln for ln in text if ln.startswith('DCGM_FI_DEV_SM_CLOCK{gpu="0"')]
+
+        assert len(sm_lines()) == 1 and "GPU_I_ID" not in sm_lines()[0]
+        fake.mig[0] = [(1, 3, 40192, 0), (1, 3, 40192, 1), (2, 4, 40192, 0)]
+        sm = sm_lines()
+        assert [ln.split('GPU_I_ID="')[1][0] for ln in sm] == ["1", "2"]
+        assert 'GPU_I_PROFILE="3g.40gb"' in sm[0] and 'GPU_I_PROFILE="4g.40gb"' in sm[1]
+        del fake.mig[0]
+        sm = sm_lines()
+        assert len(sm) == 1 and "GPU_I_ID" not in sm[0]
+    finally:
+        b.close()
