@@ -222,3 +222,11 @@ def _serving(run: Running) -> bool:
         return True
     except OSError:
         return False
+
+
+def test_cli_without_xid_events_publishes_no_xid_series_not_a_fake_zero(run_nvml: Any) -> None:
+    fake = FakeNvml(n_gpus=2, clock=time.monotonic)
+    fake.fail["nvmlEventSetCreate"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    run = run_nvml(fake)
+    assert wait_until(lambda: _gpu_temps(run.metrics()) == ["0", "1"], timeout=10)
+    assert "DCGM_FI_DEV_XID_ERRORS{" not in run.metrics()
