@@ -124,3 +124,18 @@ def test_gpm_per_instance_is_sampled_per_gpu_instance(gi: int) -> None:
         assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" in out[Entity(0, gi)]
     finally:
         b.close()
+
+
+def test_fb_used_percent_alone_is_read_per_gpu_instance_from_its_mig_device() -> None:
+    # FB_USED_PERCENT is per instance (the collector drops the parent's aggregate on MIG), so a
+    # counters file asking for it alone must still get each instance's own value.
+    fake, b = make()
+    try:
+        wanted = frozenset({"DCGM_FI_DEV_FB_USED_PERCENT"})
+        b.supported_fields(0, wanted)
+        out = b.read(0, wanted)
+        for gi in (1, 2):
+            assert out[Entity(0, gi)]["DCGM_FI_DEV_FB_USED_PERCENT"] == pytest.approx(0.25)
+        assert fake.calls["nvmlDeviceGetMemoryInfo"] >= 2
+    finally:
+        b.close()
