@@ -18,8 +18,9 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from exporter.cli import EXIT_OK, main
 from exporter.nvml import NvmlBackend
 from tests.e2e.test_exporter_promtool import INHERENT
-from tests.fake_pynvml import FakeNvml
+from tests.fake_pynvml import FakeNvml, Handle, _uuid
 from tests.helpers import free_port, require_binary, wait_until
+from tests.podresources_server import FakeKubelet, pod
 
 # A100-like: GPU instance 1 (3g, two compute instances) and GPU instance 2 (4g, one)
 A100_MIG = [(1, 3, 40192, 0), (1, 3, 40192, 1), (2, 4, 40192, 0)]
@@ -230,3 +231,37 @@ def test_cli_without_xid_events_publishes_no_xid_series_not_a_fake_zero(run_nvml
     run = run_nvml(fake)
     assert wait_until(lambda: _gpu_temps(run.metrics()) == ["0", "1"], timeout=10)
     assert "DCGM_FI_DEV_XID_ERRORS{" not in run.metrics()
+
+
+def test_virtual_gpus_on_mig_and_time_sliced_gpus_pass_promtool_with_unique_label_sets(run_nvml: Any) -> None:
+    # --kubernetes-virtual-gpus on an A100-like MIG GPU and a time-sliced whole GPU, an XID on a
+    # shared GPU instance: one series per (pod, replica), never a duplicate label set.
+    gi1_ci0, gi1_ci1, gi2 = _uuid(Handle(0, 1, 0)), _uuid(Handle(0, 1, 1)), _uuid(Handle(0, 2, 0))
+    gpu1 = _uuid(Handle(1))
+    fake = FakeNvml(n_gpus=2, clock=time.monotonic, mig={0: A100_MIG})
+    fake.xids = [(0, 48, 2)]
+    with FakeKubelet() as kubelet:
+        kubelet.set_pods([
+            pod("a", "ml", {"c": [("nvidia.com/mig-3g.40gb", [gi1_ci0])]}),
+            pod("b", "ml", {"c": [("nvidia.com/mig-3g.40gb", [gi1_ci1])]}),
+            pod("s1", "ml", {"c": [("nvidia.com/mig-4g.40gb", [gi2 + "::0", gi2 + "::1"])]}),
+            pod("s2", "ml", {"c": [("nvidia.com/mig-4g.40gb", [gi2 + "::2"])]}),
+            pod("t1", "ml", {"c": [("nvidia.com/gpu", [gpu1 + "::0"])], "d": [("nvidia.com/gpu", [gpu1 + "::1"])]}),
+        ])
+        run = run_nvml(fake, "-k", "--pod-resources-kubelet-socket", kubelet.socket_path,
+                       "--kubernetes-virtual-gpus")
+        assert wait_until(lambda: 'err_code="48"' in run.metrics() and 'pod="t1"' in run.metrics(), timeout=10)
+        text = run.metrics()
+    keys = series_keys(text)
+    assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
+    assert promtool_complaints(text) == []
+    sm = [ln for ln in text.splitlines() if ln.startswith("DCGM_FI_DEV_SM_CLOCK{")]
+    gi1 = [ln for ln in sm if 'GPU_I_ID="1"' in ln]
+    assert [ln.split('pod="')[1][0] for ln in gi1] == ["a", "b"]  # one GPU instance, two CIs, two pods
+    gi2_holders = [(ln.split('pod="')[1].split('"')[0], ln.split('vgpu="')[1].split('"')[0])
+                   for ln in sm if 'GPU_I_ID="2"' in ln]
+    assert gi2_holders == [("s1", "0"), ("s1", "1"), ("s2", "2")]
+    xid = [ln for ln in text.splitlines() if ln.startswith("DCGM_FI_DEV_XID_ERRORS{") and 'GPU_I_ID="2"' in ln]
+    assert len(xid) == 3 and all(ln.endswith(" 48") for ln in xid)
+    t1 = [ln for ln in sm if ln.startswith('DCGM_FI_DEV_SM_CLOCK{gpu="1"')]
+    assert [(ln.split('container="')[1][0], ln.split('vgpu="')[1][0]) for ln in t1] == [("c", "0"), ("d", "1")]
