@@ -82,7 +82,7 @@ def probe_gpu(
     sup.update(g.labels)
     sup.update(_probe_field_values(nvml, g, stats, failed))
     try:
-        prof, refused = gpm.probe(gpu, h)
+        prof, refused = gpm.probe(gpu, h, tuple(sorted(g.mig_handles)))
         sup.update(prof)
         g.unavailable.update(refused)
     except error as exc:
