@@ -1,8 +1,8 @@
 """One GPU's NVML state, and its probe: which DCGM fields it answers, read once.
 
-The probe calls every getter group, the static getters and label strings, one batched
-``nvmlDeviceGetFieldValues`` over every field-value field this pynvml knows, and GPM's support and
-permission check (:mod:`exporter.nvml_gpm`). A failing call goes to the caller's ``failed``, which
+The probe calls every getter group (memory on a MIG device when the MIG parent refuses it), the
+static getters and label strings, one batched ``nvmlDeviceGetFieldValues`` over every field-value
+field this pynvml knows, and GPM's support and permission check (:mod:`exporter.nvml_gpm`). A failing call goes to the caller's ``failed``, which
 raises ``GpuLostError`` for the errors after which the GPU no longer answers (and counts UNKNOWN);
 a GPU whose every call answered UNKNOWN is lost.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.backend import DeviceInfo, GpuLostError, Value
-from exporter.nvml_fields import GETTERS, LABELS, STATIC, Plan, answered, device_labels, probe_plan
+from exporter.nvml_fields import GETTERS, GROUP_FIELDS, LABELS, STATIC, Plan, answered, device_labels, probe_plan
 from exporter.nvml_gpm import GpmSampler
 
 XID_FIELD = "DCGM_FI_DEV_XID_ERRORS"
@@ -63,6 +63,8 @@ def probe_gpu(
             stats.ok += 1
         except error as exc:
             failed(exc, stats)
+    if g.mig_handles and not sup.intersection(GROUP_FIELDS["memory"]):
+        sup.update(_mig_memory(nvml, g, stats, failed))
     g.static["DCGM_FI_DEV_MINOR_NUMBER"] = g.info.minor
     sup.add("DCGM_FI_DEV_MINOR_NUMBER")
     for name, read_static in STATIC.items():
@@ -93,6 +95,20 @@ def probe_gpu(
         raise GpuLostError(gpu, "UNKNOWN (every NVML call failed)")
     g.supported = frozenset(sup)
     return g.supported
+
+
+def _mig_memory(nvml: Any, g: GpuState, stats: PassStats, failed: Failed) -> set[str]:
+    """FB support of a MIG GPU whose parent refused memory info: nvml.h (nvmlDeviceGetMemoryInfo)
+    answers the parent "only if the caller has appropriate privileges"; per-instance information
+    comes from the MIG device handles, which is all MIG publishes."""
+    mh = g.mig_handles[min(g.mig_handles)]
+    try:
+        out = set(GETTERS["memory"](nvml, mh))
+        stats.ok += 1
+        return out
+    except nvml.NVMLError as exc:
+        failed(exc, stats)
+        return set()
 
 
 def _probe_field_values(nvml: Any, g: GpuState, stats: PassStats, failed: Failed) -> set[str]:

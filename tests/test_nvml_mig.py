@@ -166,3 +166,17 @@ def test_gpm_refused_on_a_mig_gpu_instance_is_reported_unavailable_not_supported
         assert set(b.unavailable(0).values()) == {"NO_PERMISSION"}
     finally:
         b.close()
+
+
+def test_unprivileged_mig_gpu_whose_parent_refuses_memory_info_keeps_each_instances_fb() -> None:
+    # nvml.h (nvmlDeviceGetMemoryInfo): in MIG mode the parent handle answers only to privileged
+    # callers; per-instance information comes from the MIG device handles.
+    fake, b = make()
+    fake.unprivileged = True
+    try:
+        assert "DCGM_FI_DEV_FB_USED" in b.supported_fields(0, DEFAULTS)
+        out = b.read(0, DEFAULTS)
+        assert [out[Entity(0, gi)]["DCGM_FI_DEV_FB_USED"] for gi in (1, 2)] == [39168 // 4, 39168 // 4]
+        assert "DCGM_FI_DEV_FB_USED" not in out[Entity(0)]
+    finally:
+        b.close()
