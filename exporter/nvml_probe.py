@@ -2,9 +2,10 @@
 
 The probe calls every getter group (memory on a MIG device when the MIG parent refuses it), the
 static getters and label strings, one batched ``nvmlDeviceGetFieldValues`` over every field-value
-field this pynvml knows, and GPM's support and permission check (:mod:`exporter.nvml_gpm`). A failing call goes to the caller's ``failed``, which
-raises ``GpuLostError`` for the errors after which the GPU no longer answers (and counts UNKNOWN);
-a GPU whose every call answered UNKNOWN is lost.
+field this pynvml knows, and GPM's support and permission check (:mod:`exporter.nvml_gpm`). A
+failing call goes to the caller's ``failed``, which raises ``GpuLostError`` for the errors after
+which the GPU no longer answers (and counts UNKNOWN); a GPU whose every call answered UNKNOWN is
+lost.
 """
 
 from __future__ import annotations
