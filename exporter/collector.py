@@ -9,10 +9,8 @@ start, is down (``gpu_exporter_device_up 0``), its series disappear, the others 
 retried every cycle (probed for its fields once it answers). Pod attribution is read here, off the
 scrape path.
 
-MIG: a GPU in MIG mode is published per GPU instance only (as dcgm-exporter does); every GPU-wide
-field (clocks, temperatures, power, energy, PCIe, remapped rows, XID, ...) is repeated on each
-instance's series, while FB and PROF fields are the instance's own. The layout is re-read from the
-backend every cycle.
+MIG: the layout is re-read from the backend every cycle; how a GPU's answer becomes rows (GPU-wide
+fields on every GPU instance, pods, XID labels) is :mod:`exporter.collector_rows`.
 
 Health: ``health()`` is liveness (False only when no cycle completed for 3 intervals); ``readiness()``
 is False also when no GPU is up. Both name each down GPU and why.
@@ -36,21 +34,13 @@ from exporter.backend import (
     GpuLostError,
     MigInstance,
     Value,
-    per_instance,
 )
+from exporter.collector_rows import DRIVER_VERSION, XID_ERRORS, PodMap, gpu_rows, label_values, xid_labels
 from exporter.exposition import EMPTY, STALE_INTERVALS, DownGpu, Exposition, liveness_of, readiness_of
 from exporter.gpu_reader import GpuReader
-from exporter.render import (
-    PodLabels,
-    Row,
-    SeriesSpec,
-    entity_labels,
-    escape_label_value,
-    render_series,
-    with_pod,
-)
+from exporter.render import Row, SeriesSpec, entity_labels, render_series
 from exporter.selfmetrics import BuildInfo, DeviceStat, SelfState, Unavailable, render_self_metrics
-from exporter.xid import XidState, xid_message
+from exporter.xid import XidState
 
 __all__ = [
     "DRIVER_VERSION", "EMPTY", "STALE_INTERVALS", "XID_ERRORS", "Collector", "DownGpu", "Exposition",
@@ -58,47 +48,6 @@ __all__ = [
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
-
-DRIVER_VERSION = "DCGM_FI_DRIVER_VERSION"
-XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"
-# What the pod source returns per GPU or MIG UUID: the pods holding it (time-slicing: several).
-# A bare PodLabels (the pre-issue-7 shape) is taken as a one-pod sequence.
-PodMap = Mapping[str, Sequence[PodLabels] | PodLabels]
-
-# CSV ``label`` rows this exporter can fill: field -> value from (device, driver version)
-LABEL_SOURCES: dict[str, Callable[[DeviceInfo, str], str]] = {
-    DRIVER_VERSION: lambda d, driver: driver,
-    "DCGM_FI_DEV_NAME": lambda d, driver: d.name,
-    "DCGM_FI_DEV_UUID": lambda d, driver: d.uuid,
-    "DCGM_FI_DEV_PCI_BUSID": lambda d, driver: d.pci_bus_id,
-}
-
-
-def label_values(backend: object, d: DeviceInfo, driver: str, names: Sequence[str]) -> dict[str, str]:
-    """Values for CSV ``label`` rows: the backend's optional ``labels(gpu)`` (static strings such as
-    serial and VBIOS), else what ``DeviceInfo`` and the driver version give."""
-    own: Mapping[str, str] = {}
-    labels_fn = getattr(backend, "labels", None)
-    if callable(labels_fn):
-        own = labels_fn(d.index)
-    out: dict[str, str] = {}
-    for name in names:
-        if name in own:
-            out[name] = str(own[name])
-        elif name in LABEL_SOURCES:
-            out[name] = LABEL_SOURCES[name](d, driver)
-    return out
-
-
-def xid_labels(prefix: str, pod: PodLabels | None, code: int) -> str:
-    """The XID row's labels: dcgm-exporter 4.8.2 adds ``err_code`` and ``err_msg`` attributes,
-    rendered with the pod attributes in sorted key order (container, err_code, err_msg, namespace,
-    pod), as its Go template ranges over the attribute map."""
-    attrs = {"err_code": str(code), "err_msg": xid_message(code)}
-    if pod is not None:
-        attrs.update(container=pod.container, namespace=pod.namespace, pod=pod.pod)
-    return prefix + "".join(f',{k}="{escape_label_value(v)}"' for k, v in sorted(attrs.items())) + "}"
-
 
 def package_version() -> str:
     try:
@@ -335,25 +284,7 @@ class Collector:
     def _rows(self, g: _Gpu, pods: PodMap) -> list[Row]:
         if not g.up:
             return []
-        data = g.result.data or {}
-        gpu = g.device.index
-        mig = bool(g.device.mig)
-        wide = {k: v for k, v in data.get(Entity(gpu), {}).items() if not (mig and per_instance(k))}
-        with_xid = XID_ERRORS in g.fields
-        rows: list[Row] = []
-        for entity, prefix, keys in g.entities:
-            own = data.get(entity)
-            if own is None:
-                continue
-            values = {**wide, **own} if mig else dict(own)
-            values.pop(XID_ERRORS, None)
-            holders: list[PodLabels | None] = list(_holders(pods, keys)) or [None]
-            xid = self.xids.last(gpu, entity.gpu_instance_id) if with_xid else None
-            for pod in holders:
-                rows.append(Row(with_pod(prefix, pod), values))
-                if xid is not None:
-                    rows.append(Row(xid_labels(prefix, pod, xid), {XID_ERRORS: xid}))
-        return rows
+        return gpu_rows(g.device, g.entities, g.result.data or {}, pods, self.xids, XID_ERRORS in g.fields)
 
     def _self_state(self) -> SelfState:
         xid_counts = {}
@@ -439,16 +370,3 @@ class Collector:
             self._wake.wait(max(0.0, next_t - now))  # an early wake keeps the tick schedule
             self._wake.clear()
 
-
-def _holders(pods: PodMap, keys: Sequence[str]) -> list[PodLabels]:
-    """The pods holding any of ``keys`` (a GPU UUID, or a GPU instance's MIG UUIDs), each once."""
-    out: list[PodLabels] = []
-    for key in keys:
-        held = pods.get(key)
-        if not held:
-            continue
-        group: Sequence[PodLabels] = (held,) if hasattr(held, "pod") else held  # type: ignore[assignment]
-        for pod in group:
-            if pod not in out:
-                out.append(pod)
-    return out

@@ -21,7 +21,8 @@ Decisions:
 
   Anything else (DRA claims, other vendors' ids) matches no GPU and is dropped.
 * Shared GPUs (time-slicing, MPS): with ``virtual_gpus`` (``--kubernetes-virtual-gpus``) every pod
-  holding a share is returned (one series per pod, as dcgm-exporter's flag does); without it one
+  holding a share is returned, each replica it holds (``::N``, ``/vgpuN``) as its own holder with
+  ``vgpu="N"`` (one series per pod and replica, as dcgm-exporter's flag does); without it one
   holder is chosen deterministically (the first by namespace, pod, container), never by the
   kubelet's List order, which changes between calls and would flap the labels.
 * Failure policy: the last good answer is served for at most ``max_age_s`` (default 5 min) after
@@ -39,7 +40,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import grpc
@@ -57,6 +58,7 @@ _MAX_RECEIVE_BYTES = 16 * 1024 * 1024  # same as the kubelet's own podresources 
 _GKE_MIG = re.compile(r"^nvidia([0-9]+)/gi([0-9]+)(?:/vgpu[0-9]+)?$")
 _GKE_VGPU = re.compile(r"^(nvidia[0-9]+)/vgpu[0-9]+$")
 _DEVICE_NAME = re.compile(r"^nvidia([0-9]+)$")
+_VGPU_SUFFIX = re.compile(r"/vgpu([0-9]+)$")
 _LEGACY_MIG = re.compile(r"^MIG-(GPU-[^/]+)/([0-9]+)/([0-9]+)$")
 _LOG = logging.getLogger(__name__)
 
@@ -70,11 +72,24 @@ class PodInfo:
     pod: str
     namespace: str
     container: str
+    # the replica of a shared GPU (``--kubernetes-virtual-gpus`` only): "N" of ``GPU-<uuid>::N`` or
+    # GKE's ``.../vgpuN``, dcgm-exporter's ``vgpu`` label; "" when none
+    vgpu: str = ""
 
 
-def holder_order(info: PodInfo) -> tuple[str, str, str]:
-    """The deterministic order of a shared GPU's holders: namespace, pod, container."""
-    return (info.namespace, info.pod, info.container)
+def holder_order(info: PodInfo) -> tuple[str, str, str, int, str]:
+    """The deterministic order of a shared GPU's holders: namespace, pod, container, replica."""
+    replica = int(info.vgpu) if info.vgpu.isdigit() else -1
+    return (info.namespace, info.pod, info.container, replica, info.vgpu)
+
+
+def replica_of(device_id: str) -> str:
+    """The shared-GPU replica a kubelet device id names, as dcgm-exporter 4.8.2's ``getSharedGPU``:
+    ``GPU-<uuid>::3`` and GKE's ``nvidia0/vgpu3`` (or ``nvidia0/gi1/vgpu3``) -> ``"3"``; else ``""``."""
+    if m := _VGPU_SUFFIX.search(device_id):
+        return m.group(1)
+    head, sep, tail = device_id.rpartition("::")
+    return tail if sep and head and tail.isdigit() else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +162,8 @@ def map_pod_resources(
                 for device_id in devices.device_ids:
                     key = resolve_device_id(device_id, keys, id_type)
                     if key is not None:
-                        holders.setdefault(key, set()).add(info)
+                        held = replace(info, vgpu=replica_of(device_id)) if virtual_gpus else info
+                        holders.setdefault(key, set()).add(held)
     out: PodMap = {}
     for key, infos in holders.items():
         ordered = tuple(sorted(infos, key=holder_order))

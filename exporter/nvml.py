@@ -26,7 +26,8 @@ three also re-initialise NVML once (shutdown + init) on the next read, after whi
 re-acquires its handle: a driver reload needs no restart. Only "NVML cannot start or list GPUs" is
 a ``BackendError``. Any other error leaves that field absent for the pass.
 
-The field tables, the pass plan and the value conversions are in :mod:`exporter.nvml_fields`.
+The field tables, the pass plan and the value conversions are in :mod:`exporter.nvml_fields`; the
+per-GPU state and the probe in :mod:`exporter.nvml_probe`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from exporter.backend import BackendError, DeviceInfo, Entity, GpuLostError, MigInstance, Value, XidEvent
@@ -55,16 +56,14 @@ from exporter.nvml_fields import (
     Getter,
     Plan,
     RateField,
-    answered,
     as_str,
     convert_field_values,
-    device_labels,
     make_plan,
     memory_v1,
     memory_v2,
-    probe_plan,
 )
 from exporter.nvml_gpm import GpmSampler
+from exporter.nvml_probe import GpuState, PassStats, probe_gpu
 from exporter.nvml_xid import XidEvents
 
 __all__ = [
@@ -74,28 +73,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-
-
-@dataclass(slots=True)
-class _Gpu:
-    handle: Any | None  # None: not open (failed at start, or dropped after a GPU-wide error)
-    info: DeviceInfo
-    mig_handles: dict[int, Any]
-    gen: int = 0  # NVML initialisation the handle belongs to
-    supported: frozenset[str] | None = None
-    static: dict[str, Value] = field(default_factory=dict)
-    labels: dict[str, str] = field(default_factory=dict)
-    rate_prev: dict[str, tuple[float, int]] = field(default_factory=dict)
-    plans: dict[frozenset[str], Plan] = field(default_factory=dict)
-    unavailable: dict[str, str] = field(default_factory=dict)  # field -> why (NO_PERMISSION)
-    asked: set[str] = field(default_factory=set)  # every field supported_fields was asked about
-    xid_watched: bool = False
-
-
-@dataclass(slots=True)
-class _PassStats:
-    ok: int = 0
-    unknown: int = 0
 
 
 class NvmlBackend:
@@ -150,7 +127,7 @@ class NvmlBackend:
         name = error_name(self._nvml, exc)
         return "GPU_IS_LOST (fallen off the bus?)" if name == "GPU_IS_LOST" else name
 
-    def _open(self, index: int) -> _Gpu:
+    def _open(self, index: int) -> GpuState:
         """A GPU's handle and facts; a GPU NVML cannot open is kept, down, with the reason."""
         n = self._nvml
         try:
@@ -159,7 +136,7 @@ class NvmlBackend:
             reason = self._why(exc)
             log.warning("GPU %d cannot be opened, reporting it down: %s", index, reason,
                         extra={"gpu": index, "reason": reason})
-            return _Gpu(None, DeviceInfo(index, "", "", "", -1, problem=reason), {})
+            return GpuState(None, DeviceInfo(index, "", "", "", -1, problem=reason), {})
         try:
             info, handles = self._info(index, h)
         except self._error as exc:
@@ -167,8 +144,8 @@ class NvmlBackend:
             uuid = self._uuid_or_empty(h)
             log.warning("GPU %d (%s) fails at start, reporting it down: %s", index, uuid or "no UUID", reason,
                         extra={"gpu": index, "uuid": uuid, "reason": reason})
-            return _Gpu(None, DeviceInfo(index, uuid, "", "", -1, problem=reason), {})
-        return _Gpu(h, info, handles, gen=self._gen)
+            return GpuState(None, DeviceInfo(index, uuid, "", "", -1, problem=reason), {})
+        return GpuState(h, info, handles, gen=self._gen)
 
     def _uuid_or_empty(self, h: Any) -> str:
         try:
@@ -182,7 +159,7 @@ class NvmlBackend:
     def _mig_layout(self, h: Any, previous: tuple[MigInstance, ...]) -> tuple[tuple[MigInstance, ...], dict[int, Any]]:
         return mig_layout(self._nvml, h, previous)
 
-    def _watch_xid(self, g: _Gpu) -> None:
+    def _watch_xid(self, g: GpuState) -> None:
         if g.handle is not None and not g.xid_watched:
             g.xid_watched = self._xid.watch(g.info.index, g.handle)
 
@@ -208,7 +185,7 @@ class NvmlBackend:
                 g.xid_watched = False
             log.warning("NVML re-initialised after a driver error; GPUs are re-acquired by UUID")
 
-    def _recover(self, gpu: int, g: _Gpu) -> None:
+    def _recover(self, gpu: int, g: GpuState) -> None:
         """Re-open a GPU that is not open (or whose handle predates a re-initialisation)."""
         if self._need_reinit:
             self._reinit(gpu)
@@ -235,7 +212,7 @@ class NvmlBackend:
 
     # --- probing -------------------------------------------------------------------------------
 
-    def _gpu(self, gpu: int) -> _Gpu:
+    def _gpu(self, gpu: int) -> GpuState:
         if not 0 <= gpu < len(self._gpus):
             raise ValueError(f"no GPU {gpu}: NVML lists {len(self._gpus)}")
         return self._gpus[gpu]
@@ -253,55 +230,9 @@ class NvmlBackend:
             g.static.clear()
             raise
 
-    def _probe_open(self, gpu: int, g: _Gpu) -> frozenset[str]:
-        n, h, stats = self._nvml, g.handle, _PassStats()
-        sup: set[str] = set()
-        for getter in GETTERS.values():
-            try:
-                sup.update(getter(n, h))
-                stats.ok += 1
-            except self._error as exc:
-                self._failed(gpu, exc, stats)
-        g.static["DCGM_FI_DEV_MINOR_NUMBER"] = g.info.minor
-        sup.add("DCGM_FI_DEV_MINOR_NUMBER")
-        for name, read_static in STATIC.items():
-            try:
-                g.static[name] = read_static(n, h)
-                sup.add(name)
-                stats.ok += 1
-            except self._error as exc:
-                self._failed(gpu, exc, stats)
-        g.labels.update(device_labels(self._driver, self._nvml_version, g.info))
-        for name, read_label in LABELS.items():
-            try:
-                g.labels[name] = read_label(n, h)
-                stats.ok += 1
-            except self._error as exc:
-                self._failed(gpu, exc, stats)
-        sup.update(g.labels)
-        sup.update(self._probe_field_values(gpu, g, stats))
-        try:
-            gpm, refused = self._gpm.probe(gpu, h)
-            sup.update(gpm)
-            g.unavailable.update(refused)
-        except self._error as exc:
-            self._failed(gpu, exc, stats)
-        if g.xid_watched:
-            sup.add("DCGM_FI_DEV_XID_ERRORS")
-        if stats.ok == 0 and stats.unknown > 0:
-            raise GpuLostError(gpu, "UNKNOWN (every NVML call failed)")
-        g.supported = frozenset(sup)
-        return g.supported
-
-    def _probe_field_values(self, gpu: int, g: _Gpu, stats: _PassStats) -> set[str]:
-        plan = probe_plan(self._nvml, g.static)
-        try:
-            results = self._nvml.nvmlDeviceGetFieldValues(g.handle, list(plan.request))
-            stats.ok += 1
-        except self._error as exc:
-            self._failed(gpu, exc, stats)
-            return set()
-        return answered(plan, results)
+    def _probe_open(self, gpu: int, g: GpuState) -> frozenset[str]:
+        return probe_gpu(self._nvml, gpu, g, self._gpm, (self._driver, self._nvml_version),
+                         lambda exc, stats: self._failed(gpu, exc, stats))
 
     # --- GpuBackend ----------------------------------------------------------------------------
 
@@ -350,7 +281,7 @@ class NvmlBackend:
         supported = self._probe(gpu)
         if g.info.problem:
             g.info = replace(g.info, problem="")
-        n, h, stats = self._nvml, g.handle, _PassStats()
+        n, h, stats = self._nvml, g.handle, PassStats()
         try:
             mig, g.mig_handles = self._mig_layout(h, g.info.mig)
         except self._error as exc:
@@ -389,7 +320,7 @@ class NvmlBackend:
         self.last_pass_us[gpu] = (time.perf_counter() - started) * 1e6
         return out
 
-    def _failed(self, gpu: int, exc: BaseException, stats: _PassStats) -> None:
+    def _failed(self, gpu: int, exc: BaseException, stats: PassStats) -> None:
         name = error_name(self._nvml, exc)
         if name in DOWN_ERRORS:
             self._note(exc)
@@ -400,7 +331,7 @@ class NvmlBackend:
         log.debug("GPU %d: NVML call failed: %s", gpu, exc)
 
     def _read_field_values(
-        self, gpu: int, g: _Gpu, plan: Plan, values: dict[str, Value], stats: _PassStats
+        self, gpu: int, g: GpuState, plan: Plan, values: dict[str, Value], stats: PassStats
     ) -> None:
         try:
             results = self._nvml.nvmlDeviceGetFieldValues(g.handle, list(plan.request))
@@ -413,7 +344,7 @@ class NvmlBackend:
         values.update(convert_field_values(gpu, plan, results, lost, g.rate_prev, now_us))
 
     def _gpm_pass(
-        self, gpu: int, g: _Gpu, gi: int | None, names: tuple[str, ...], stats: _PassStats
+        self, gpu: int, g: GpuState, gi: int | None, names: tuple[str, ...], stats: PassStats
     ) -> dict[str, Value]:
         try:
             out = self._gpm.read(gpu, g.handle, gi, names)
@@ -424,7 +355,7 @@ class NvmlBackend:
             return {}
 
     def _read_instance(
-        self, gpu: int, g: _Gpu, gi: int, mh: Any, plan: Plan, stats: _PassStats
+        self, gpu: int, g: GpuState, gi: int, mh: Any, plan: Plan, stats: PassStats
     ) -> dict[str, Value]:
         values: dict[str, Value] = {}
         if plan.mig_fb:

@@ -260,9 +260,8 @@ GPM_FIELDS: dict[str, tuple[str, float]] = {
     "DCGM_FI_PROF_NVLINK_RX_BYTES": ("NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC", MIB),
 }
 GPM_NEEDS_NVLINK = frozenset({"DCGM_FI_PROF_NVLINK_TX_BYTES", "DCGM_FI_PROF_NVLINK_RX_BYTES"})
-_MIG_FB = frozenset(
-    {"DCGM_FI_DEV_FB_TOTAL", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED"}
-)
+# every DCGM_FI_DEV_FB_* field GROUP_FIELDS["memory"] reads: per instance on MIG (backend.per_instance)
+_MIG_FB = frozenset(GROUP_FIELDS["memory"])
 _MIG_GPM = frozenset(f for f, (_, scale) in GPM_FIELDS.items() if scale == 0.01)
 _FV_ATTR = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")  # by NVML_VALUE_TYPE_*
 NOT_READ = frozenset({"DCGM_FI_DEV_XID_ERRORS"})  # the XID watcher owns it (wait_xid)

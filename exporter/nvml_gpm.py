@@ -17,12 +17,12 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.backend import Value
-from exporter.nvml_devices import error_name
+from exporter.nvml_devices import DOWN_ERRORS, error_name
 from exporter.nvml_fields import GPM_FIELDS, GPM_NEEDS_NVLINK, gpm_value
 
 log = logging.getLogger(__name__)
@@ -56,9 +56,12 @@ class GpmSampler:
         self._lock = threading.Lock()  # GPUs are read on parallel threads: guards _states' shape
         self._warned = False
 
-    def probe(self, gpu: int, h: Any) -> tuple[set[str], dict[str, str]]:
+    def probe(self, gpu: int, h: Any, instances: Sequence[int] = ()) -> tuple[set[str], dict[str, str]]:
         """(supported PROF fields, refused field -> reason). Takes the GPU's first sample, which
-        also tells whether sampling is permitted. Errors other than NO_PERMISSION propagate."""
+        also tells whether sampling is permitted. On a MIG GPU (``instances``: its GPU instance
+        ids) whose parent sample fails, each GPU instance's first sample decides instead (DCGM
+        samples MIG GPUs per GPU instance; nvml.h leaves the parent's errors unspecified). Errors
+        other than NO_PERMISSION propagate."""
         n = self._nvml
         try:
             if not n.nvmlGpmQueryDeviceSupport(h).isSupportedDevice:
@@ -75,8 +78,7 @@ class GpmSampler:
             if hasattr(n, metric) and (has_nvlink or f not in GPM_NEEDS_NVLINK)
         }
         try:
-            st = self._sample(gpu, h, None)
-            st.prev, st.cur, st.have_prev, st.taken_at = st.cur, st.prev, True, self._clock()
+            self._first_samples(gpu, h, instances)
         except self._error as exc:
             if error_name(n, exc) != "NO_PERMISSION":
                 raise
@@ -85,6 +87,30 @@ class GpmSampler:
                 self._warned = True
             return set(), dict.fromkeys(candidates, "NO_PERMISSION")
         return candidates, {}
+
+    def _first_samples(self, gpu: int, h: Any, instances: Sequence[int]) -> None:
+        """The parent's first sample, else (MIG) every GPU instance's; raises when none answers."""
+        try:
+            self._first(gpu, h, None)
+            return
+        except self._error as exc:
+            if not instances or error_name(self._nvml, exc) in ("NO_PERMISSION", *DOWN_ERRORS):
+                raise
+            parent_error = exc
+        answered = False
+        for gi in instances:
+            try:
+                self._first(gpu, h, gi)
+                answered = True
+            except self._error as exc:
+                if error_name(self._nvml, exc) in ("NO_PERMISSION", *DOWN_ERRORS):
+                    raise
+        if not answered:
+            raise parent_error
+
+    def _first(self, gpu: int, h: Any, gi: int | None) -> None:
+        st = self._sample(gpu, h, gi)
+        st.prev, st.cur, st.have_prev, st.taken_at = st.cur, st.prev, True, self._clock()
 
     def _state(self, gpu: int, gi: int | None) -> _State:
         st = self._states.get((gpu, gi))

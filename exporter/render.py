@@ -101,13 +101,21 @@ def entity_labels(
 
 
 def with_pod(prefix: str, pod: PodLabels | None) -> str:
-    """Close a static prefix, adding ``container,namespace,pod`` (sorted, like Go maps) if held."""
+    """Close a static prefix, adding ``container,namespace,pod[,vgpu]`` (sorted, like Go maps) if held."""
     if pod is None:
         return prefix + "}"
     return (
         f'{prefix},container="{escape_label_value(pod.container)}",'
-        f'namespace="{escape_label_value(pod.namespace)}",pod="{escape_label_value(pod.pod)}"}}'
+        f'namespace="{escape_label_value(pod.namespace)}",pod="{escape_label_value(pod.pod)}"'
+        f"{vgpu_label(pod)}}}"
     )
+
+
+def vgpu_label(pod: PodLabels) -> str:
+    """``,vgpu="N"`` for a holder of one replica of a shared GPU (``--kubernetes-virtual-gpus``,
+    dcgm-exporter's ``vgpu`` attribute, last in sorted attribute order); "" otherwise."""
+    vgpu = str(getattr(pod, "vgpu", "") or "")
+    return f',vgpu="{escape_label_value(vgpu)}"' if vgpu else ""
 
 
 def render_series(

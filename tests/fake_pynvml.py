@@ -8,7 +8,8 @@ that GPU's handles raises ``code``, e.g. RESET_REQUIRED), ``handle_error[gpu] = 
 GPU's handle fails, as for a GPU lost before start), ``hang[gpu]`` (an Event: every call on that GPU
 blocks until it is set), ``gpm_refused`` (GPM sampling answers NO_PERMISSION, as with
 NVreg_RestrictProfilingToAdminUsers=1 and no CAP_SYS_ADMIN), ``pre_r510`` (no
-``nvmlDeviceGetMemoryInfo_v2`` symbol: FUNCTION_NOT_FOUND), ``driver_reload()`` (every call answers
+``nvmlDeviceGetMemoryInfo_v2`` symbol: FUNCTION_NOT_FOUND), ``unprivileged`` (a MIG GPU's parent
+handle answers NO_PERMISSION to memory info, as nvml.h documents), ``driver_reload()`` (every call answers
 UNINITIALIZED until nvmlShutdown + nvmlInit; older handles are then invalid). ``xids`` queues XID
 events: (gpu, xid) or (gpu, xid, gpu instance id). The clock (seconds) drives energy, PCIe and
 NVLink counters and field timestamps.
@@ -134,6 +135,10 @@ class FakeNvml:
         self.uninitialized = False
         self.nvlink = nvlink
         self.profiles = True  # False: the GPU-instance profile calls answer NOT_SUPPORTED
+        # True: the caller lacks privileges; nvml.h: "In MIG mode, if device handle is provided,
+        # [nvmlDeviceGetMemoryInfo] returns aggregate information, only if the caller has
+        # appropriate privileges" (else NO_PERMISSION; MIG device handles still answer)
+        self.unprivileged = False
         self.xids: list[tuple[int, ...]] = []
         self.registered: list[int] = []
         self.field_requests: list[list[Any]] = []
@@ -308,6 +313,8 @@ class FakeNvml:
         self._hit("nvmlDeviceGetMemoryInfo", h)
         if version is not None and self.pre_r510:  # pynvml looks up nvmlDeviceGetMemoryInfo_v2
             raise _real.NVMLError(_real.NVML_ERROR_FUNCTION_NOT_FOUND)
+        if h.gi is None and h.gpu in self.mig and self.unprivileged:
+            raise _real.NVMLError(_real.NVML_ERROR_NO_PERMISSION)
         if h.gi is not None:
             total = self._mig_entry(h)[3] * MIB
             return SimpleNamespace(total=total, used=total // 4, free=total - total // 4, reserved=0)

@@ -17,6 +17,7 @@ from exporter.backend import DeviceInfo, Entity, MigInstance, Value
 from exporter.collector import Collector
 from exporter.counters_csv import filter_supported, load_counters
 from exporter.fields import FIELDS
+from exporter.kubernetes import PodInfo
 from exporter.nvml import NvmlBackend
 from exporter.xid import XidState
 from tests.exporter_stubs import Pod, Spec
@@ -87,6 +88,21 @@ def test_time_sliced_gpu_gives_one_series_per_pod_and_no_pod_labels_when_none_ho
     assert [ln.split('"')[1] for ln in util] == ["0", "0", "1", "2"]
     assert 'pod="a"' in util[0] and 'pod="b"' in util[1]
     assert "pod=" not in util[2] and "pod=" not in util[3]
+
+
+def test_virtual_gpu_replicas_of_one_pod_are_distinct_series_by_vgpu_label_like_4_8_2() -> None:
+    # dcgm-exporter 4.8.2 --kubernetes-virtual-gpus adds the ``vgpu`` attribute, after ``pod`` in
+    # the Go template's sorted attribute order; two replicas held by one container stay two series.
+    xids = XidState()
+    pods = {"GPU-00000000": (PodInfo("p", "ns", "c", "0"), PodInfo("p", "ns", "c", "3"))}
+    exp = make(FakeBackend(n=1), xids=xids, pods=lambda: pods).collect_once()
+    util = lines(exp, "DCGM_FI_DEV_GPU_UTIL{")
+    assert len(util) == 2 and util[0].endswith('container="c",namespace="ns",pod="p",vgpu="0"} 10')
+    assert 'pod="p",vgpu="3"}' in util[1]
+    xid = lines(exp, "DCGM_FI_DEV_XID_ERRORS{")
+    assert len(xid) == 2 and xid[1].endswith('err_msg="No Error",namespace="ns",pod="p",vgpu="3"} 0')
+    keys = [ln.rsplit(" ", 1)[0] for ln in exp.text.decode().splitlines() if ln.startswith("DCGM_")]
+    assert len(keys) == len(set(keys))
 
 
 def test_xid_series_has_err_code_and_err_msg_like_4_8_2_sorted_with_pod_attributes() -> None:
@@ -342,5 +358,28 @@ def test_profiling_refused_over_nvml_lists_each_prof_row_unavailable_after_cli_s
         assert text.count("gpu_exporter_field_unavailable{") == 5  # the default set's PROF rows
         assert 'field="DCGM_FI_PROF_DRAM_ACTIVE",reason="NO_PERMISSION"} 1' in text
         assert "DCGM_FI_PROF_DRAM_ACTIVE{" not in text
+    finally:
+        b.close()
+
+
+def test_mig_enabled_mid_run_then_disabled_switches_series_without_restart_or_duplicates() -> None:
+    fake = FakeNvml(n_gpus=2)
+    b, c = nvml_collector(fake)
+    try:
+        def sm_lines() -> list[str]:
+            fake.now += 5.0
+            text = c.collect_once().text.decode().splitlines()
+            keys = [ln.rsplit(" ", 1)[0] for ln in text if ln.startswith("DCGM_")]
+            assert len(keys) == len(set(keys))
+            return [ln for ln in text if ln.startswith('DCGM_FI_DEV_SM_CLOCK{gpu="0"')]
+
+        assert len(sm_lines()) == 1 and "GPU_I_ID" not in sm_lines()[0]
+        fake.mig[0] = [(1, 3, 40192, 0), (1, 3, 40192, 1), (2, 4, 40192, 0)]
+        sm = sm_lines()
+        assert [ln.split('GPU_I_ID="')[1][0] for ln in sm] == ["1", "2"]
+        assert 'GPU_I_PROFILE="3g.40gb"' in sm[0] and 'GPU_I_PROFILE="4g.40gb"' in sm[1]
+        del fake.mig[0]
+        sm = sm_lines()
+        assert len(sm) == 1 and "GPU_I_ID" not in sm[0]
     finally:
         b.close()

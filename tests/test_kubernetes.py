@@ -141,8 +141,10 @@ def test_shared_gpu_without_virtual_gpus_picks_the_same_holder_whatever_the_list
     assert map_pod_resources([b, c, a], KEYS) == expected
 
 
-def test_shared_gpu_with_virtual_gpus_returns_every_holder_once_sorted() -> None:
-    # dcgm-exporter --kubernetes-virtual-gpus: one series per pod sharing a time-sliced GPU.
+def test_shared_gpu_with_virtual_gpus_returns_every_holder_once_sorted_with_its_vgpu() -> None:
+    # dcgm-exporter 4.8.2 --kubernetes-virtual-gpus (transformation/kubernetes.go, getSharedGPU and
+    # toDeviceToSharingPods): one series per pod and replica sharing a time-sliced GPU, with the
+    # replica ("GPU-<uuid>::N", GKE ".../vgpuN") as the ``vgpu`` label.
     pods = [
         holds("b", "ns", "c", "nvidia.com/gpu", [GPU_A + "::0", GPU_A + "::3"]),  # two replicas, one pod
         holds("a", "ns", "c", "nvidia.com/gpu", [GPU_A + "::1"]),
@@ -150,9 +152,23 @@ def test_shared_gpu_with_virtual_gpus_returns_every_holder_once_sorted() -> None
     ]
     got = map_pod_resources(pods, KEYS, virtual_gpus=True)
     assert got == {
-        GPU_A: (PodInfo("a", "ns", "c"), PodInfo("b", "ns", "c")),
+        GPU_A: (PodInfo("a", "ns", "c", "1"), PodInfo("b", "ns", "c", "0"), PodInfo("b", "ns", "c", "3")),
         MIG_1: (PodInfo("m", "ns", "c"),),
     }
+
+
+def test_virtual_gpus_replica_order_is_numeric_and_gke_vgpu_ids_carry_their_replica() -> None:
+    pods = [holds("p", "ns", "c", "nvidia.com/gpu", [GPU_A + "::10", GPU_A + "::2"])]
+    got = map_pod_resources(pods, KEYS, virtual_gpus=True)
+    assert got[GPU_A] == (PodInfo("p", "ns", "c", "2"), PodInfo("p", "ns", "c", "10"))
+    gke = [holds("g", "ns", "c", "nvidia.com/gpu", ["nvidia0/vgpu4", "nvidia0/vgpu1"])]
+    got = map_pod_resources(gke, KEYS, id_type="device-name", virtual_gpus=True)
+    assert [h.vgpu for h in got[GPU_A]] == ["1", "4"]
+
+
+def test_without_virtual_gpus_no_holder_carries_a_vgpu() -> None:
+    pods = [holds("b", "ns", "c", "nvidia.com/gpu", [GPU_A + "::3"])]
+    assert map_pod_resources(pods, KEYS) == {GPU_A: (PodInfo("b", "ns", "c"),)}
 
 
 def test_extra_resource_names_are_attributed_and_others_ignored() -> None:

@@ -124,3 +124,59 @@ def test_gpm_per_instance_is_sampled_per_gpu_instance(gi: int) -> None:
         assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" in out[Entity(0, gi)]
     finally:
         b.close()
+
+
+def test_fb_used_percent_alone_is_read_per_gpu_instance_from_its_mig_device() -> None:
+    # FB_USED_PERCENT is per instance (the collector drops the parent's aggregate on MIG), so a
+    # counters file asking for it alone must still get each instance's own value.
+    fake, b = make()
+    try:
+        wanted = frozenset({"DCGM_FI_DEV_FB_USED_PERCENT"})
+        b.supported_fields(0, wanted)
+        out = b.read(0, wanted)
+        for gi in (1, 2):
+            assert out[Entity(0, gi)]["DCGM_FI_DEV_FB_USED_PERCENT"] == pytest.approx(0.25)
+        assert fake.calls["nvmlDeviceGetMemoryInfo"] >= 2
+    finally:
+        b.close()
+
+
+def test_gpm_probe_on_a_mig_gpu_whose_parent_sample_fails_uses_a_gpu_instance_sample() -> None:
+    # nvml.h documents nvmlGpmSampleGet's errors only as "Nonzero NVML_ERROR_?"; DCGM samples MIG
+    # GPUs per GPU instance (nvmlGpmMigSampleGet). A parent sample that fails must not take the
+    # PROF fields away from every instance of the GPU.
+    fake, b = make()
+    fake.fail["nvmlGpmSampleGet"] = 3  # NVML_ERROR_NOT_SUPPORTED on the MIG-enabled parent
+    try:
+        assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" in b.supported_fields(0, DEFAULTS)
+        fake.now += 5.0
+        out = b.read(0, DEFAULTS)
+        for gi in (1, 2):
+            assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" in out[Entity(0, gi)]
+    finally:
+        b.close()
+
+
+def test_gpm_refused_on_a_mig_gpu_instance_is_reported_unavailable_not_supported() -> None:
+    fake, b = make()
+    fake.fail["nvmlGpmSampleGet"] = 3
+    fake.gpm_refused = True
+    try:
+        assert not {f for f in b.supported_fields(0, DEFAULTS) if f.startswith("DCGM_FI_PROF_")}
+        assert set(b.unavailable(0).values()) == {"NO_PERMISSION"}
+    finally:
+        b.close()
+
+
+def test_unprivileged_mig_gpu_whose_parent_refuses_memory_info_keeps_each_instances_fb() -> None:
+    # nvml.h (nvmlDeviceGetMemoryInfo): in MIG mode the parent handle answers only to privileged
+    # callers; per-instance information comes from the MIG device handles.
+    fake, b = make()
+    fake.unprivileged = True
+    try:
+        assert "DCGM_FI_DEV_FB_USED" in b.supported_fields(0, DEFAULTS)
+        out = b.read(0, DEFAULTS)
+        assert [out[Entity(0, gi)]["DCGM_FI_DEV_FB_USED"] for gi in (1, 2)] == [39168 // 4, 39168 // 4]
+        assert "DCGM_FI_DEV_FB_USED" not in out[Entity(0)]
+    finally:
+        b.close()

@@ -84,4 +84,5 @@ def test_virtual_gpus_give_one_series_per_pod_sharing_a_gpu_and_gke_ids_resolve(
             assert wait_until(lambda: sum("pod=" in ln for ln in util_lines()) == 3, timeout=10), proc.tail()
             gpu0 = [ln for ln in util_lines() if 'gpu="0"' in ln]
             assert [ln.split('pod="')[1].split('"')[0] for ln in gpu0] == ["a-infer", "b-infer"]
+            assert [ln.split('vgpu="')[1].split('"')[0] for ln in gpu0] == ["0", "1"]  # 4.8.2's vgpu label
             assert any('gpu="1"' in ln and 'pod="trainer"' in ln for ln in util_lines())
