@@ -173,9 +173,10 @@ def main(
     collector.start()
     watcher.start()
     server.start()
-    print(f"gpu-exporter: serving {server.url}/metrics ({len(devices)} GPUs, {settings.backend} backend, "
-          f"every {settings.interval_s:g}s; liveness at {server.url}/health, readiness at {server.url}/ready)",
-          flush=True)
+    # a log event like the others, so --log-format json/logfmt output parses line by line
+    log.info("serving %s/metrics (%d GPUs, %s backend, every %gs; liveness at %s/health, readiness at %s/ready)",
+             server.url, len(devices), settings.backend, settings.interval_s, server.url, server.url,
+             extra={"url": f"{server.url}/metrics", "gpus": len(devices), "backend": settings.backend})
     try:
         stop.wait()
     finally:

@@ -255,7 +255,7 @@ def test_in_process_run_serves_then_stops_cleanly(capsys: pytest.CaptureFixture[
                                            "--no-hostname"], stop, backend_factory=lambda _: be)))
     t.start()
     try:
-        assert wait_until(lambda: f"serving http://127.0.0.1:{port}/metrics" in capsys.readouterr().out
+        assert wait_until(lambda: f"serving http://127.0.0.1:{port}/metrics" in capsys.readouterr().err
                           or bool(result), timeout=10)
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         conn.request("GET", "/metrics")
@@ -397,3 +397,16 @@ def test_every_gpu_lost_at_start_keeps_the_counter_set_and_serves_the_gpus_once_
         stop.set()
         t.join(timeout=10)
     assert result == [EXIT_OK]
+
+
+def test_every_line_the_exporter_writes_with_log_format_json_is_a_json_object(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """--log-format json: the start-up banner too is an event (issue 10: one event per line that an
+    SRE's tools can read), and nothing goes to stdout."""
+    import json
+
+    run_briefly(["--log-format", "json", "--no-hostname"], FakeBackend(n=1))
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    records = [json.loads(ln) for ln in captured.err.splitlines()]
+    assert any(r["msg"].startswith("serving http://127.0.0.1:") and r["gpus"] == 1 for r in records)

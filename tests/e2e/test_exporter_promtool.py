@@ -136,8 +136,8 @@ def test_sigterm_stops_cleanly(exporter: tuple[subprocess.Popen[str], int]) -> N
     proc, port = exporter
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == 0
-    out, _ = proc.communicate(timeout=5)
-    assert f"serving http://127.0.0.1:{port}/metrics" in out
+    _, err = proc.communicate(timeout=5)
+    assert f"serving http://127.0.0.1:{port}/metrics" in err
 
 
 def test_nvml_backend_without_nvml_exits_3() -> None:
