@@ -46,17 +46,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from torture_fuzz import scenario_fuzz
-from torture_procs import Loader, Outcome, Relay, Tally, VictoriaMetrics, drain, tally, wait
-
-
-def _tally_rows(t: Tally) -> list[tuple[str, str]]:
-    return [
-        ("acked samples", f"{t.acked:,}"),
-        ("delivered (of acked)", f"{t.delivered_acked:,}"),
-        ("lost", f"{t.lost:,}"),
-        ("duplicated", f"{t.duplicated:,}"),
-        ("delivered, never acked", f"{t.unacked_delivered:,}"),
-    ]
+from torture_procs import (
+    Loader,
+    Outcome,
+    Relay,
+    VictoriaMetrics,
+    drain,
+    tally,
+    tally_rows,
+    wait,
+)
 
 
 def scenario_kill(work: Path, cycles: int, period: float) -> Outcome:
@@ -82,7 +81,7 @@ def scenario_kill(work: Path, cycles: int, period: float) -> Outcome:
     ready = sorted(relay.ready_times[1:]) or [float("nan")]
     rows = [
         ("kill -9 cycles", str(cycles)),
-        *_tally_rows(t),
+        *tally_rows(t),
         ("ready after restart, median s", f"{ready[len(ready) // 2]:.2f}"),
         ("ready after restart, max s", f"{ready[-1]:.2f}"),
         ("final drain s", f"{drained:.1f}"),
@@ -123,7 +122,7 @@ def scenario_outage(work: Path, outage_s: float, step_s: float) -> Outcome:
         vm.stop()
     rows = [
         ("outage s", f"{outage_s:.0f}"),
-        *_tally_rows(t),
+        *tally_rows(t),
         ("drain after recovery s", f"{drain_s:.1f}"),
         ("RSS before / peak MB", f"{rss0:.1f} / {rss_peak:.1f}"),
     ]
@@ -156,7 +155,7 @@ def scenario_limits(work: Path, outage_s: float) -> Outcome:
     rows = [
         ("outage s", f"{outage_s:.0f}"),
         ("max_sample_age / max_disk", f"{age:.0f}s / 2MiB"),
-        *_tally_rows(t),
+        *tally_rows(t),
         ("counted by the relay", ", ".join(f"{k}: {v:,.0f}" for k, v in losses.items()) or "nothing"),
         ("lost - counted (must be 0)", f"{t.lost - counted:,}"),
     ]
@@ -208,7 +207,7 @@ def scenario_diskfull(work: Path, hold_s: float) -> Outcome:
     log = relay.log_text()
     tracebacks = log.count("Traceback")
     rows = [
-        *_tally_rows(t),
+        *tally_rows(t),
         ("reached full", str(full)),
         ("503 answers", f"{loader.statuses[503]:,}"),
         ("counted by the relay", ", ".join(f"{k}: {v:,.0f}" for k, v in losses.items()) or "nothing"),

@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from relay import wire  # noqa: E402
 from tests.helpers import free_port  # noqa: E402
+from tests.helpers import wait_until as wait  # noqa: E402
 
 METRIC = "torture_seq"
 V1_HEADERS = {
@@ -242,15 +243,6 @@ class Relay:
             return ""
 
 
-def wait(predicate: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
-
-
 # ---- load -------------------------------------------------------------------------------------
 
 
@@ -375,7 +367,7 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
 
 
-def _tally_rows(t: Tally) -> list[tuple[str, str]]:
+def tally_rows(t: Tally) -> list[tuple[str, str]]:
     return [
         ("acked samples", f"{t.acked:,}"),
         ("delivered (of acked)", f"{t.delivered_acked:,}"),
