@@ -7,6 +7,7 @@ import shutil
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +36,19 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: f
             return True
         time.sleep(interval)
     return predicate()
+
+
+AWS_CREDENTIAL_VARS = (
+    "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+)
+
+
+def isolate_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An AWS environment with no profiles, no credentials and no instance-metadata lookups."""
+    for var in AWS_CREDENTIAL_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")

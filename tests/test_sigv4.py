@@ -28,6 +28,7 @@ from relay.queue import DurableQueue
 from relay.sender import Sender, SenderSettings
 from relay.sigv4 import SigV4Auth, SigV4ConfigError
 from relay.transport import RequestsTransport
+from tests.helpers import isolate_aws
 from tests.sigv4_receiver import EXPIRED_BODY, Scripted, SigV4Receiver, verify_sigv4
 
 AK, SK, TOKEN = "AKIDTESTENV", "secret/env/key+1", "session-token-env"
@@ -35,13 +36,7 @@ AK, SK, TOKEN = "AKIDTESTENV", "secret/env/key+1", "session-token-env"
 
 @pytest.fixture(autouse=True)
 def _isolated_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for var in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE",
-                "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-                "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    isolate_aws(monkeypatch, tmp_path)
 
 
 @pytest.fixture

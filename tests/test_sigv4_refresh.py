@@ -17,6 +17,7 @@ import requests
 from relay import sigv4
 from relay.config import SigV4Config
 from relay.sigv4 import SigV4Auth, SigV4ConfigError
+from tests.helpers import isolate_aws
 from tests.sigv4_receiver import SigV4Receiver
 from tests.test_sigv4 import post, write_request
 
@@ -25,13 +26,7 @@ T0 = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
 
 @pytest.fixture(autouse=True)
 def _isolated_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for var in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE",
-                "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-                "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    isolate_aws(monkeypatch, tmp_path)
 
 
 class SlowProvider(botocore.credentials.CredentialProvider):  # type: ignore[misc]

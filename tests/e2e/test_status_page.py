@@ -12,39 +12,15 @@ import os
 import shutil
 import subprocess
 import urllib.request
-from html.parser import HTMLParser
 from pathlib import Path
 
 from tests.e2e.procs import running, start_relay
 from tests.helpers import require_binary, wait_until
 from tests.test_service import S, _http_metric, _http_post, now_ms, receiver
+from tests.test_statuspage import Values
 
 AMP = "https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-demo/api/v1/remote_write"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-class _Values(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.values: dict[str, float] = {}
-        self.texts: dict[str, str] = {}
-        self._open: str | None = None
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        a = dict(attrs)
-        key = a.get("data-key")
-        if key:
-            if a.get("data-value") is not None:
-                self.values[key] = float(str(a["data-value"]))
-            self._open = key
-            self.texts[key] = ""
-
-    def handle_data(self, data: str) -> None:
-        if self._open is not None:
-            self.texts[self._open] += data
-
-    def handle_endtag(self, tag: str) -> None:
-        self._open = None
 
 
 def chromium(*args: str) -> subprocess.CompletedProcess[bytes]:
@@ -102,9 +78,9 @@ destinations:
                 "amp_out": _http_metric(url, 'gpu_relay_active_series{destination="amp",direction="out"}'),
             }
 
-    page = _Values()
+    page = Values()
     page.feed(dom)
-    v, texts = page.values, page.texts
+    v, texts = {k: float(x) for k, x in page.values.items()}, page.texts
     assert "<title>gpu-relay status</title>" in dom
     # numbers shown == /metrics
     assert v["amp.samples_in"] == metrics["samples_in"] == 20
