@@ -16,7 +16,7 @@ import threading
 from types import FrameType
 from typing import Any
 
-from relay import __version__
+from relay import __version__, native
 from relay.config import Config, ConfigError, load_config
 from relay.configwatch import DEFAULT_INTERVAL_S, ConfigWatcher
 from relay.destinations import SetupError
@@ -77,6 +77,7 @@ def run(config_path: str, *, enable_lifecycle: bool = False,
         log.error("cannot start, the configuration has errors:\n%s", e)
         return 1
     log_config_warnings(config)
+    native.warn_if_python()
     try:
         runtime = Runtime(config_path, config)
     except SetupError as e:

@@ -11,7 +11,7 @@ import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
-from relay import __version__
+from relay import __version__, native
 
 PREFIX = "gpu_relay_"
 SEND_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -41,7 +41,7 @@ class RelayMetrics:
             p + "build_info", "Always 1; the relay's version and whether its native per-series loop is used.",
             ["version", "native"], registry=registry,
         )
-        self.build_info.labels(__version__, "false").set(1)
+        self.build_info.labels(__version__, "true" if native.status()[0] else "false").set(1)
         self.config_last_reload_successful = Gauge(
             p + "config_last_reload_successful",
             "1 if the last configuration (re)load succeeded, 0 if it was refused.", registry=registry,
