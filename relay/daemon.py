@@ -77,7 +77,6 @@ def run(config_path: str, *, enable_lifecycle: bool = False,
         log.error("cannot start, the configuration has errors:\n%s", e)
         return 1
     log_config_warnings(config)
-    native.warn_if_python()
     try:
         runtime = Runtime(config_path, config)
     except SetupError as e:
@@ -107,6 +106,7 @@ def run(config_path: str, *, enable_lifecycle: bool = False,
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     signal.signal(signal.SIGHUP, on_hup)
+    native.warn_if_python()  # once, after a successful start (a refused start stays one line)
     log.info("%s", startup_line(config, runtime, servers))
     # Wait with a timeout: the kernel may deliver SIGHUP/SIGTERM to any of our threads, and Python runs
     # the handler only when the main thread next executes bytecode, which an untimed wait never does.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import http.client
+import importlib.util
 import inspect
 import json
 import logging
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from relay import wire
+from relay import native, wire
 from relay.config import Config, ServerConfig, load_config
 from relay.daemon import listeners, log_config_warnings, server_options
 from relay.queue import DurableQueue
@@ -125,6 +126,24 @@ def test_startup_line_says_each_destinations_credentials_and_region_in_json_logs
     assert (f"amp -> {AMP} (dry run), sigv4 region us-west-2, default chain, then assume role "
             "arn:aws:iam::123456789012:role/writer") in msg
     assert "local -> http://127.0.0.1:1/api/v1/write, none (no sigv4)" in msg
+
+
+@pytest.mark.parametrize("native_env", ["0", ""])
+def test_the_start_says_once_whether_the_native_core_runs_and_build_info_agrees(
+        tmp_path: Path, native_env: str) -> None:
+    proc, url = start_relay(tmp_path, cfg(tmp_path), env={"GPU_RELAY_NATIVE": native_env})
+    with running(proc):
+        assert wait_until(lambda: "gpu-relay 0" in proc.tail())
+        warnings = [ln for ln in proc.tail().splitlines() if "native per-series core" in ln]
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+            metrics = r.read().decode()
+    built = all(importlib.util.find_spec(f"relay._{n}") is not None for n in native.MODULES)
+    on = built and native_env == ""
+    assert len(warnings) == (0 if on else 1), warnings
+    if not on:
+        assert "WARNING" in warnings[0].upper() and ("GPU_RELAY_NATIVE" in warnings[0] or "setup.sh" in warnings[0])
+    assert f'native="{"true" if on else "false"}"' in next(
+        ln for ln in metrics.splitlines() if ln.startswith("gpu_relay_build_info{"))
 
 
 def test_log_format_from_the_environment(tmp_path: Path) -> None:
