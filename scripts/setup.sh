@@ -42,7 +42,7 @@ fi
 
 # The native core, built in place (so the checkout imports it); again whenever its sources change.
 native=.native-stamp
-want=$(cat setup.py relay/csrc/* 2>/dev/null | sha1sum | cut -c1-12)
+want=$( { cat setup.py relay/csrc/* 2>/dev/null || true; } | sha1sum | cut -c1-12)
 if [ "$(cat "$native" 2>/dev/null)" != "$want" ] || { ls relay/csrc/*.c >/dev/null 2>&1 && ! ls relay/_*.so >/dev/null 2>&1; }; then
   echo "setup: building the relay's native core (relay/csrc)"
   if ! .venv/bin/python setup.py -q build_ext --inplace >.venv/build_ext.log 2>&1; then
