@@ -91,6 +91,8 @@ def amp_violation_named(labels: Labels, names: tuple[str, ...], size: int, limit
     dict probes; anything else is ``amp_violation``'s to answer. Memos bounded by ``MAX_MEMO``."""
     memo = _NAME_SETS.get(limits)
     if memo is None:
+        if len(_NAME_SETS) >= 16:  # one per distinct AmpLimits in use: a handful
+            _NAME_SETS.clear()
         memo = _NAME_SETS[limits] = {}
     ok = memo.get(names)
     if ok is None:
