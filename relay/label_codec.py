@@ -26,6 +26,7 @@ from relay.labels import Labels
 
 Names = tuple[str, ...]
 MAX_ENTRIES = 16_384  # memoised Label entries (beyond: cleared and refilled)
+MAX_MEMO_ENTRY = 130  # bytes: the longest entry memoised (the decoder's own are at most 129)
 MAX_NAME_SETS = 4_096  # memoised label-name tuples (sortedness)
 # Estimated bytes per memo entry (bench/relay_series_bench.py memo figure): the entry bytes object,
 # the pair tuple and its value string, two dict slots. Names are interned (shared).
@@ -39,7 +40,7 @@ _SORTED: dict[Names, bool] = {}  # names -> strictly increasing
 
 def memo_bytes() -> int:
     """Estimated memory held by the memos now (bounded by MAX_ENTRIES and MAX_NAME_SETS)."""
-    return len(_PAIR) * ENTRY_BYTES + len(_SORTED) * (NAME_SET_BYTES + 8 * 16)
+    return max(len(_PAIR), len(_ENTRY)) * ENTRY_BYTES + len(_SORTED) * (NAME_SET_BYTES + 8 * 16)
 
 
 def clear() -> None:
@@ -61,7 +62,7 @@ def _entry(key: bytes, p: int, end: int) -> tuple[str, str] | None:
         pair = (sys.intern(key[p + 4 : ne].decode()), key[ne + 2 : end].decode())
     except UnicodeDecodeError:
         return None
-    if len(_PAIR) >= MAX_ENTRIES:
+    if len(_PAIR) >= MAX_ENTRIES or len(_ENTRY) >= MAX_ENTRIES:
         _PAIR.clear()
         _ENTRY.clear()
     raw = key[p:end]
@@ -113,7 +114,19 @@ def encode(labels: Labels) -> bytes:
     try:
         return b"".join(map(_ENTRY.__getitem__, labels))
     except KeyError:
-        return wire.encode_labels(labels)
+        get = _ENTRY.get
+        return b"".join([get(p) or _encode_pair(p) for p in labels])
+
+
+def _encode_pair(pair: tuple[str, str]) -> bytes:
+    """``wire.encode_label_pair`` of a pair not memoised (a label the rules set): memoised now."""
+    raw = wire.encode_label_pair(pair[0].encode(), pair[1].encode())
+    if len(raw) <= MAX_MEMO_ENTRY:
+        if len(_ENTRY) >= MAX_ENTRIES:
+            _PAIR.clear()
+            _ENTRY.clear()
+        _ENTRY[pair] = raw
+    return raw
 
 
 def offsets(key: bytes) -> list[int]:

@@ -80,7 +80,8 @@ def _acceptable(labels: Labels, limits: AmpLimits) -> bool:
 
 
 MAX_MEMO = 8_192  # memoised label-name tuples per AmpLimits, and metric names (then: start over)
-_NAME_SETS: dict[AmpLimits, dict[tuple[str, ...], bool]] = {}
+_NAME_SETS: dict[int, dict[tuple[str, ...], bool]] = {}  # id(limits) -> names -> fine
+_NAME_SETS_OF: dict[int, AmpLimits] = {}  # id(limits) -> limits (kept alive, so the id stays its own)
 _METRIC_OK: dict[str, bool] = {}
 
 
@@ -89,11 +90,13 @@ def amp_violation_named(labels: Labels, names: tuple[str, ...], size: int, limit
     encoding takes ``size`` bytes (a bound on every value's UTF-8 length). The usual case (names
     known to be fine, everything shorter than the value limit, a known metric name) costs a few
     dict probes; anything else is ``amp_violation``'s to answer. Memos bounded by ``MAX_MEMO``."""
-    memo = _NAME_SETS.get(limits)
-    if memo is None:
-        if len(_NAME_SETS) >= 16:  # one per distinct AmpLimits in use: a handful
+    memo = _NAME_SETS.get(id(limits))
+    if memo is None or _NAME_SETS_OF.get(id(limits)) is not limits:  # (ids are reused once freed)
+        if len(_NAME_SETS) >= 16:  # one per AmpLimits in use: a handful
             _NAME_SETS.clear()
-        memo = _NAME_SETS[limits] = {}
+            _NAME_SETS_OF.clear()
+        memo = _NAME_SETS[id(limits)] = {}
+        _NAME_SETS_OF[id(limits)] = limits
     ok = memo.get(names)
     if ok is None:
         ok = _names_ok(names, limits)

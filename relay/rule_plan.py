@@ -39,7 +39,8 @@ _SAME = _Same()
 
 
 class _Change:
-    """The labels kept (by index) and the ones set, and the output's names."""
+    """The output: ``kept`` picks it, in order, from the input labels followed by ``added`` (the
+    labels set); ``names`` are its names."""
 
     __slots__ = ("added", "kept", "names")
 
@@ -119,10 +120,7 @@ class RulePlan:
         if effect is _SAME:
             return labels, names
         assert isinstance(effect, _Change)
-        out = effect.kept(labels)
-        if effect.added:
-            out = tuple(sorted(out + effect.added))
-        return out, effect.names
+        return effect.kept(labels + effect.added if effect.added else labels), effect.names
 
     def _plan(self, names: Names) -> _NamesPlan:
         if not all(names[i - 1] < names[i] for i in range(1, len(names))):
@@ -152,10 +150,11 @@ class RulePlan:
                 effect = _SAME
             else:
                 gone = builder.deleted | builder.add.keys()
-                index = [i for i, n in enumerate(names) if n not in gone]
                 added = tuple(sorted(builder.add.items()))
-                out_names = tuple(sorted([names[i] for i in index] + [n for n, _ in added]))
-                effect = _Change(_getter(index), added, out_names)
+                # (name, index in labels + added) of the output, sorted by name
+                order = sorted([(n, i) for i, n in enumerate(names) if n not in gone]
+                               + [(n, len(names) + j) for j, (n, _) in enumerate(added)])
+                effect = _Change(_getter([i for _, i in order]), added, tuple([n for n, _ in order]))
         if self._count >= MAX_EFFECTS:  # start over (keeping this plan)
             self._reset()
             plan.effects.clear()
