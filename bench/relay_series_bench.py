@@ -200,13 +200,18 @@ def in_process(rules_name: str, rules: str, shape: str, nodes: int, repeats: int
     return InProcess(rules_name, shape, len(keys), min(before), min(after), min(route))
 
 
-def memo_bytes_bound() -> int:
-    """The memos' worst-case bytes: Label entries and name tuples, AMP and aggregation memos, and per
-    rule list and per regex (for the three rule sets: 3 rule lists, 8 regexes)."""
+REGEX_MEMO_BYTES = 150  # per memoised regex answer: a dict slot and the text it keeps alive
+
+
+def memo_bytes_bound(rule_lists: int = 1, regexes: int = 5, amp_limits: int = 1) -> int:
+    """The memos' worst case, whatever the series count: Label entries and name tuples, per rule list
+    (effects and name plans), per regex, per AmpLimits (name tuples) and the metric names. Defaults:
+    one destination with the kps rules (one rule list, 5 regexes)."""
     return (label_codec.MAX_ENTRIES * label_codec.ENTRY_BYTES
             + label_codec.MAX_NAME_SETS * (label_codec.NAME_SET_BYTES + 128)
-            + 3 * (rule_plan.MAX_EFFECTS * rule_plan.EFFECT_BYTES + rule_plan.PLAN_BYTES)
-            + 8 * relabel_regexp.MEMO_MAX * 100 + 2 * limits.MAX_MEMO * 150)
+            + rule_lists * rule_plan.MAX_EFFECTS * (rule_plan.EFFECT_BYTES + rule_plan.PLAN_BYTES)
+            + regexes * relabel_regexp.MEMO_MAX * REGEX_MEMO_BYTES
+            + (amp_limits + 1) * limits.MAX_MEMO * 250)
 
 
 def in_process_table(rows: Sequence[InProcess]) -> str:
@@ -219,8 +224,10 @@ def in_process_table(rows: Sequence[InProcess]) -> str:
     for r in rows:
         lines.append(f"{r.rules:<12} {r.shape:<6} {r.series:>7,} {r.before_us:>6.1f} us {r.after_us:>6.1f} us "
                      f"{r.before_us / r.after_us:>7.1f}x {r.route_new_us:>12.1f} us")
-    lines.append(f"memos now: {label_codec.memo_bytes() / 2**20:.1f} MiB of Label entries; worst case of every memo "
-                 f"{memo_bytes_bound() / 2**20:.1f} MiB (fixed, whatever the series count)")
+    bound = memo_bytes_bound()
+    lines.append(f"memos: {label_codec.memo_bytes() / 2**20:.1f} MiB of Label entries now; worst case of every memo "
+                 f"for one kps destination {bound / 2**20:.1f} MiB, whatever the series count "
+                 f"({bound / 1e6:.1f} B per series at 1M, {bound / 5e6:.1f} at 5M)")
     return "\n".join(lines) + "\n"
 
 

@@ -30,7 +30,7 @@ MAX_MEMO_ENTRY = 130  # bytes: the longest entry memoised (the decoder's own are
 MAX_NAME_SETS = 4_096  # memoised label-name tuples (sortedness)
 # Estimated bytes per memo entry (bench/relay_series_bench.py memo figure): the entry bytes object,
 # the pair tuple and its value string, two dict slots. Names are interned (shared).
-ENTRY_BYTES = 300
+ENTRY_BYTES = 300  # measured (tracemalloc): ~270
 NAME_SET_BYTES = 120
 
 _PAIR: dict[bytes, tuple[str, str]] = {}  # entry bytes -> (name, value)

@@ -79,7 +79,7 @@ def _acceptable(labels: Labels, limits: AmpLimits) -> bool:
     return _valid_name(metric, colon=True)
 
 
-MAX_MEMO = 8_192  # memoised label-name tuples per AmpLimits, and metric names (then: start over)
+MAX_MEMO = 4_096  # memoised label-name tuples per AmpLimits, and metric names (then: start over)
 _NAME_SETS: dict[int, dict[tuple[str, ...], bool]] = {}  # id(limits) -> names -> fine
 _NAME_SETS_OF: dict[int, AmpLimits] = {}  # id(limits) -> limits (kept alive, so the id stays its own)
 _METRIC_OK: dict[str, bool] = {}
@@ -91,7 +91,7 @@ def amp_violation_named(labels: Labels, names: tuple[str, ...], size: int, limit
     known to be fine, everything shorter than the value limit, a known metric name) costs a few
     dict probes; anything else is ``amp_violation``'s to answer. Memos bounded by ``MAX_MEMO``."""
     memo = _NAME_SETS.get(id(limits))
-    if memo is None or _NAME_SETS_OF.get(id(limits)) is not limits:  # (ids are reused once freed)
+    if memo is None or _NAME_SETS_OF[id(limits)] is not limits:  # (ids are reused once freed)
         if len(_NAME_SETS) >= 16:  # one per AmpLimits in use: a handful
             _NAME_SETS.clear()
             _NAME_SETS_OF.clear()

@@ -161,12 +161,20 @@ class Pipeline:
         self._scratch[key] = labels
         out: list[wire.DestDecision | None] = [(key, in_id, metric_in)]
         rules = self.rules
-        base = rules.apply_global_named(labels, names)
-        plain = add_external_labels(labels, self._external)
+        if rules.global_identity:  # decoded labels have no empty value: sendable iff a metric name
+            base = (labels, names) if metric_in else None
+            plain = labels
+        else:
+            base = rules.apply_global_named(labels, names)
+            plain = add_external_labels(labels, self._external)
         splice = self._splice(labels, plain, key) if canonical else None
+        identity = rules.destination_identity
         for i, stage in enumerate(self.stages):
-            result = None if base is None else rules.apply_destination_named(i, *base)
             # every destination gets a decision (never None), so entries line up with the inputs
+            if base is None:
+                out.append(RULES)
+                continue
+            result = base if identity[i] else rules.apply_destination_named(i, base[0], base[1])
             out.append(RULES if result is None else
                        stage.decide(key, result[0], result[0] == plain, self._scratch, splice, result[1]))
         return tuple(out)

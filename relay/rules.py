@@ -78,6 +78,10 @@ class Rules:
         # the same stages with memoised effects, for label sets whose names are known (decide())
         self._global_plan = RulePlan(self._global)
         self._write_plans = tuple(RulePlan(w) for w in self._write)
+        # nothing before the destinations' rules (a sendable input is its own base), and which
+        # destinations change nothing (their result is the base)
+        self.global_identity = not self._external and not self._global
+        self.destination_identity = tuple(not w and not p for w, p in zip(self._write, self._prune, strict=True))
 
     def memo_bytes(self) -> int:
         """Estimated memory of the rule lists' effect memos (bounded)."""
