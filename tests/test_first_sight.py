@@ -296,3 +296,25 @@ def test_amp_check_with_known_names_and_size_answers_as_amp_violation(d: dict[st
     size = len(wire.encode_labels(labels))
     for _ in range(2):
         assert limits.amp_violation_named(labels, names, size, amp) == amp_violation(labels, amp)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rules_st, st.dictionaries(st.sampled_from(NAMES), st.sampled_from([*VALUES, ""]), max_size=6), st.data())
+def test_rule_plan_gives_what_process_gives_for_a_family_of_label_sets(
+        rules: tuple[RelabelConfig, ...], base: dict[str, str], data: st.DataObject) -> None:
+    """Label sets that share names and differ in one value at a time, mostly of a label the rules
+    read (empty values included, which only a caller other than the decoder passes): the memoised
+    effect of one must not leak into another."""
+    plan = RulePlan(rules)
+    reads = [n for r in rules for n in (*r.source_labels, r.target_label) if n] or NAMES
+    names = st.one_of(st.sampled_from(reads), st.sampled_from(NAMES))
+    changes = data.draw(st.lists(st.tuples(names, st.sampled_from([*VALUES, ""])), max_size=8))
+    family = [base] + [{**base, name: value} for name, value in changes]
+    for d in family * 2:
+        labels = tuple(sorted(d.items()))
+        with unmemoised():
+            want = process(labels, rules)
+        got = plan.apply(labels, rule_plan.names_of(labels))
+        assert got == (None if want is None else (want, rule_plan.names_of(want)))
+        if want is labels:
+            assert got is not None and got[0] is labels  # unchanged: the same tuple, as process promises
