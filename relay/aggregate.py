@@ -44,6 +44,7 @@ from relay.selector import Selector
 OUTPUTS = ("sum", "avg", "min", "max", "count_series", "last", "total")
 MAX_FUTURE_S = 600.0  # like Cortex/AMP's creation grace period: later samples are "too far in future"
 MAX_CANDIDATE_NAMES = 8_192  # metric names memoised by Aggregator.route_metric
+MAX_CANDIDATE_TEXT = 256  # longer metric names are not memoised
 _COUNTER_OUTPUTS = frozenset({"total", "count_series"})
 
 
@@ -164,9 +165,10 @@ class Aggregator:
         if candidates is None:
             candidates = tuple(i for i, ms in enumerate(self._name_matchers)
                                if all(m.matches_value(metric) for m in ms))
-            if len(self._candidates) >= MAX_CANDIDATE_NAMES:
-                self._candidates.clear()
-            self._candidates[metric] = candidates
+            if len(metric) <= MAX_CANDIDATE_TEXT:
+                if len(self._candidates) >= MAX_CANDIDATE_NAMES:
+                    self._candidates.clear()
+                self._candidates[metric] = candidates
         for i in candidates:
             rule = self.rules[i]
             if rule.match.matches(labels):

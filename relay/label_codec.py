@@ -28,6 +28,7 @@ Names = tuple[str, ...]
 MAX_ENTRIES = 16_384  # memoised Label entries (beyond: cleared and refilled)
 MAX_MEMO_ENTRY = 130  # bytes: the longest entry memoised (the decoder's own are at most 129)
 MAX_NAME_SETS = 4_096  # memoised label-name tuples (sortedness)
+MAX_NAMES = 100  # longer name tuples are not memoised
 # Estimated bytes per memo entry (bench/relay_series_bench.py memo figure): the entry bytes object,
 # the pair tuple and its value string, two dict slots. Names are interned (shared).
 ENTRY_BYTES = 300  # measured (tracemalloc): ~270
@@ -73,6 +74,8 @@ def _entry(key: bytes, p: int, end: int) -> tuple[str, str] | None:
 
 def _sorted(names: Names) -> bool:
     ok = all(names[i - 1] < names[i] for i in range(1, len(names)))
+    if len(names) > MAX_NAMES:
+        return ok  # not memoised: a large tuple
     if len(_SORTED) >= MAX_NAME_SETS:
         _SORTED.clear()
     _SORTED[names] = ok

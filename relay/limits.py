@@ -80,6 +80,8 @@ def _acceptable(labels: Labels, limits: AmpLimits) -> bool:
 
 
 MAX_MEMO = 4_096  # memoised label-name tuples per AmpLimits, and metric names (then: start over)
+MAX_MEMO_NAMES = 100  # longer name tuples are not memoised
+MAX_MEMO_TEXT = 256  # longer metric names are not memoised
 _NAME_SETS: dict[int, dict[tuple[str, ...], bool]] = {}  # id(limits) -> names -> fine
 _NAME_SETS_OF: dict[int, AmpLimits] = {}  # id(limits) -> limits (kept alive, so the id stays its own)
 _METRIC_OK: dict[str, bool] = {}
@@ -99,6 +101,8 @@ def amp_violation_named(labels: Labels, names: tuple[str, ...], size: int, limit
         _NAME_SETS_OF[id(limits)] = limits
     ok = memo.get(names)
     if ok is None:
+        if len(names) > limits.max_labels or len(names) > MAX_MEMO_NAMES:
+            return amp_violation(labels, limits)  # (not memoised: a large tuple)
         ok = _names_ok(names, limits)
         if len(memo) >= MAX_MEMO:
             memo.clear()
@@ -108,9 +112,10 @@ def amp_violation_named(labels: Labels, names: tuple[str, ...], size: int, limit
         valid = _METRIC_OK.get(metric)
         if valid is None:
             valid = _valid_name(metric, colon=True)
-            if len(_METRIC_OK) >= MAX_MEMO:
-                _METRIC_OK.clear()
-            _METRIC_OK[metric] = valid
+            if len(metric) <= MAX_MEMO_TEXT:
+                if len(_METRIC_OK) >= MAX_MEMO:
+                    _METRIC_OK.clear()
+                _METRIC_OK[metric] = valid
         if valid:
             return None
     return amp_violation(labels, limits)

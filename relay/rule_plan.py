@@ -23,11 +23,13 @@ from relay.relabel import RelabelConfig, _Builder, _relabel, process
 
 Names = tuple[str, ...]
 MAX_EFFECTS = 4_096  # memoised effects per rule list
+MAX_NAMES = 100  # label sets with more names are not memoised (their names tuple would be large)
+MAX_KEY_CHARS = 512  # effects whose read values are longer in all are not memoised
 EFFECT_BYTES = 700  # measured (tracemalloc) per memoised effect: key pairs, getter, output names
 PLAN_BYTES = 300  # per memoised names tuple (its dict, the getter)
 
 Getter = Callable[[Labels], Labels]
-Reader = Callable[[Labels], object]
+Reader = Getter  # the labels the rules read, as the effect memo's key
 # an effect: None (dropped), _SAME (unchanged: the input tuple itself), or a _Change
 
 
@@ -60,7 +62,7 @@ class _NamesPlan:
 
     def __init__(self, read: Reader | None) -> None:
         self.read = read
-        self.effects: dict[object, Effect] = {}
+        self.effects: dict[Labels, Effect] = {}
 
 
 _NO_PLAN = _NamesPlan(None)  # names unsorted or duplicated: the reference decides
@@ -104,7 +106,7 @@ class RulePlan:
         """``process(labels, self.rules)`` and the result's names (``names`` are ``labels``'s)."""
         if not self.rules:
             return labels, names
-        plan = self._plans.get(names) if self.memoised else _NO_PLAN
+        plan = self._plans.get(names) if self.memoised and len(names) <= MAX_NAMES else _NO_PLAN
         if plan is None:
             plan = self._plan(names)
         if plan is _NO_PLAN:
@@ -127,7 +129,7 @@ class RulePlan:
             plan = _NO_PLAN
         else:
             index = [names.index(r) for r in self.reads if r in names]
-            plan = _NamesPlan(None if not index else operator.itemgetter(*index))
+            plan = _NamesPlan(None if not index else _getter(index))
         if len(self._plans) >= MAX_EFFECTS:
             self._reset()
         self._plans[names] = plan
@@ -137,7 +139,7 @@ class RulePlan:
         self._plans.clear()
         self._count = 0
 
-    def _learn(self, labels: Labels, names: Names, plan: _NamesPlan, key: object) -> Effect:
+    def _learn(self, labels: Labels, names: Names, plan: _NamesPlan, key: Labels) -> Effect:
         """The reference's own builder decides; its end state (what it deleted and set) is the effect."""
         builder = _Builder(labels)
         effect: Effect
@@ -155,6 +157,8 @@ class RulePlan:
                 order = sorted([(n, i) for i, n in enumerate(names) if n not in gone]
                                + [(n, len(names) + j) for j, (n, _) in enumerate(added)])
                 effect = _Change(_getter([i for _, i in order]), added, tuple([n for n, _ in order]))
+        if sum([len(p[1]) for p in key]) > MAX_KEY_CHARS:
+            return effect  # long values: decided, not memoised
         if self._count >= MAX_EFFECTS:  # start over (keeping this plan)
             self._reset()
             plan.effects.clear()

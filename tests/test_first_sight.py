@@ -318,3 +318,23 @@ def test_rule_plan_gives_what_process_gives_for_a_family_of_label_sets(
         assert got == (None if want is None else (want, rule_plan.names_of(want)))
         if want is labels:
             assert got is not None and got[0] is labels  # unchanged: the same tuple, as process promises
+
+
+def test_effects_of_long_read_values_are_decided_but_not_memoised() -> None:
+    plan = RulePlan([parse_relabel_config({"source_labels": ["pod"], "regex": "(.*)", "target_label": "n"})])
+    labels = (("__name__", "m"), ("pod", "p" * (rule_plan.MAX_KEY_CHARS + 1)))
+    with unmemoised():
+        want = process(labels, plan.rules)
+    assert want is not None
+    assert plan.apply(labels, ("__name__", "pod")) == (want, rule_plan.names_of(want))
+    assert plan._count == 0 and plan.memo_bytes() <= rule_plan.PLAN_BYTES
+
+
+def test_label_sets_with_very_many_names_are_decided_without_a_memo_keeping_their_names() -> None:
+    many = tuple(sorted({"__name__": "m", **{f"l{i:03d}": "v" for i in range(150)}}.items()))
+    key = wire.encode_labels(many)
+    p = _one_destination({"source_labels": ["l001"], "regex": "v", "action": "keep"})
+    assert p.decide(key) == ref_decide(p, key, {})
+    names = rule_plan.names_of(many)
+    assert names not in label_codec._SORTED and names not in p.rules._write_plans[0]._plans
+    assert all(names not in memo for memo in limits._NAME_SETS.values())
