@@ -338,3 +338,16 @@ def test_label_sets_with_very_many_names_are_decided_without_a_memo_keeping_thei
     names = rule_plan.names_of(many)
     assert names not in label_codec._SORTED and names not in p.rules._write_plans[0]._plans
     assert all(names not in memo for memo in limits._NAME_SETS.values())
+
+
+def test_first_sight_bench_measures_both_paths_on_distinct_new_series_and_prints_every_rule_set() -> None:
+    from bench import relay_series_bench as bench
+
+    series = [s for n in range(3) for s in bench.ksm_series(n)]
+    assert len(series) == 3 * 8 * 21 and len(set(series)) == len(series)
+    assert all(dict(s)["__name__"] and list(s) == sorted(s) for s in series)
+    rows = [bench.in_process(name, rules, "ksm", nodes=1, repeats=1) for name, rules in bench.RULE_SETS]
+    assert [r.rules for r in rows] == ["keep4", "passthrough", "kps"]
+    assert all(r.series == 8 * 21 and r.before_us > 0 and r.after_us > 0 for r in rows)
+    table = bench.in_process_table(rows)
+    assert "keep4" in table and "kps" in table and "B per series at 1M" in table
