@@ -1,6 +1,14 @@
 """gpu-relay per-series costs end to end: the first sight of a series, and memory per active series.
 
-First sight: a fresh gpu-relay (after a warm-up on other series) gets one round in which every
+First sight in process (``in_process_table``): ``Pipeline.decide`` (the uncached path: decode, rules,
+prune, AMP checks, aggregation match, output encoding and id) timed on series it has never seen, after
+a warm-up on others, against a frozen copy of the reference path it replaced
+(tests/first_sight_reference.py), side by side in one run, for three rule sets (keep 4 DCGM names +
+labeldrop 2; pass-through; a kube-prometheus-stack-like set) and two label-set shapes (dcgm-exporter
+and kube-state-metrics). Also the whole in-process route of a request of new series minus the same
+request once known (``Pipeline.route``: trackers and the decision cache included), and the memos' bytes.
+
+First sight end to end: a fresh gpu-relay (after a warm-up on other series) gets one round in which every
 series is new, then the same series again (all known); (CPU of the new round - CPU of the known
 round) / series is the relay CPU a new series costs end to end (rules, caches, accounting, queue and
 send included), in us per new series. Both rounds are fed until the receiver holds every sample.
@@ -11,6 +19,7 @@ its VmRSS is read. Bytes per active series = (RSS - RSS after a warm-up) / serie
 as a whole, its decision cache and every other per-series structure included. The receiver
 (victoria-metrics) must have created exactly that many series and stored exactly those samples.
 
+    .venv/bin/python bench/relay_series_bench.py --first-sight   # in process only: ~1 min
     .venv/bin/python bench/relay_series_bench.py                 # first sight on 63,000 series; memory at 1M
     .venv/bin/python bench/relay_series_bench.py 1000000 2000000 5000000  # memory at 1M, 2M, 5M: ~14 min, 5 GiB
 """
@@ -20,11 +29,14 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import snappy
+from prometheus_client import CollectorRegistry
 
 from bench.receivers import VictoriaMetrics
 from bench.relay_run import KEEP4_RULES, _settled, feed, start_relay, status_kib
@@ -39,6 +51,13 @@ from bench.rw_payload import (
     encode_v1,
     gpu_series,
 )
+from relay import label_codec, limits, relabel_regexp, rule_plan, wire
+from relay.cardinality import CardinalityMetrics, DestinationStats
+from relay.config import parse_config
+from relay.labels import Labels
+from relay.metrics import RelayMetrics
+from relay.pipeline import Pipeline
+from tests.first_sight_reference import ref_decide
 
 WARM_NODE = 900_000  # warm-up series come from node numbers no measured series uses
 MIN_AVAILABLE_MIB = 3072  # the memory run stops growing when the machine has less available than this
@@ -66,6 +85,150 @@ class FirstSight:
 
 def _kept(series: Sequence[Series], keep: Sequence[str] | None) -> int:
     return len(series) if keep is None else sum(1 for s in series if dict(s)["__name__"] in keep)
+
+
+# A kube-prometheus-stack-like remote-write filter: drop the heaviest families, keep what dashboards
+# use, drop a few labels, derive one.
+KPS_RULES = """    write_relabel_configs:
+      - source_labels: [__name__]
+        regex: 'apiserver_request_duration_seconds_bucket|etcd_request_duration_seconds_bucket|kube_pod_labels'
+        action: drop
+      - source_labels: [__name__]
+        regex: '(DCGM_FI_DEV_.*|DCGM_FI_PROF_.*|kube_pod_.*|kube_node_.*|node_cpu_seconds_total|node_memory_.*)'
+        action: keep
+      - source_labels: [__name__]
+        regex: 'kube_pod_container_status_(last_terminated|waiting)_reason'
+        action: drop
+      - regex: 'pci_bus_id|DCGM_FI_DRIVER_VERSION|endpoint|uid'
+        action: labeldrop
+      - source_labels: [namespace]
+        regex: 'ml-(.*)'
+        target_label: team
+        replacement: '$1'
+"""
+RULE_SETS = (("keep4", KEEP4_RULES), ("passthrough", ""), ("kps", KPS_RULES))
+KSM_PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
+
+
+def ksm_series(n: int) -> list[Series]:
+    """Node ``n``'s kube-state-metrics-like pod series (8 pods, 21 series each), labels sorted."""
+    out: list[Series] = []
+    common = {"job": "kube-state-metrics", "instance": "10.0.0.9:8080", "container": "kube-state-metrics",
+              "endpoint": "http", "service": "kube-prometheus-stack-kube-state-metrics"}
+    for k in range(8):
+        pod = {"namespace": f"ml-team-{n % 7}", "pod": f"trainer-{n:05d}-{k}-7f9c4b6d8-x{n % 97:02d}q",
+               "uid": f"{n:08x}-{k:04x}-4b2e-9a51-0c3d2e1f{n % 65536:04x}"}
+        series = [{"__name__": "kube_pod_info", "node": f"ip-10-0-{n // 250}-{n % 250}",
+                   "host_ip": f"10.0.{n % 250}.1", "pod_ip": f"100.64.{n % 250}.{k}", "created_by_kind": "ReplicaSet",
+                   "created_by_name": f"trainer-{n:05d}-{k}-7f9c4b6d8", "priority_class": "high",
+                   "host_network": "false"},
+                  {"__name__": "kube_pod_labels", "label_app": "trainer"},
+                  {"__name__": "kube_pod_created"}, {"__name__": "kube_pod_owner", "owner_kind": "ReplicaSet"}]
+        series += [{"__name__": "kube_pod_status_phase", "phase": ph} for ph in KSM_PHASES]
+        series += [{"__name__": "kube_pod_container_status_restarts_total", "container": "trainer"},
+                   {"__name__": "kube_pod_container_status_running", "container": "trainer"},
+                   {"__name__": "kube_pod_container_status_waiting_reason", "container": "trainer",
+                    "reason": "CrashLoopBackOff"}]
+        series += [{"__name__": f"kube_pod_container_resource_{kind}", "container": "trainer", "resource": res,
+                    "unit": unit} for kind in ("requests", "limits")
+                   for res, unit in (("cpu", "core"), ("memory", "byte"), ("nvidia_com_gpu", "integer"))]
+        series += [{"__name__": "kube_pod_status_ready", "condition": c} for c in ("true", "false", "unknown")]
+        out.extend(tuple(sorted({**common, **pod, **s}.items())) for s in series)
+    return out
+
+
+SHAPES: dict[str, Callable[[int], list[Series]]] = {"dcgm": lambda n: list(gpu_series(n)), "ksm": ksm_series}
+
+
+@dataclass
+class InProcess:
+    rules: str
+    shape: str
+    series: int
+    before_us: float  # reference decide per new series
+    after_us: float  # Pipeline.decide per new series
+    route_new_us: float  # Pipeline.route of all-new requests minus the same requests known, per series
+
+
+def _pipeline(rules: str) -> Pipeline:
+    text = f"destinations:\n  - name: sink\n    url: http://127.0.0.1:1/w\n{rules}"
+    config = parse_config(text)
+    registry = CollectorRegistry()
+    cm = CardinalityMetrics(registry)
+    stats = [DestinationStats(d.name, window_s=d.limits.window, metrics=cm) for d in config.destinations]
+    return Pipeline(config, RelayMetrics(registry), stats, [None], cardinality=cm)
+
+
+def _per_series(fn: Callable[[bytes], object], keys: Sequence[bytes]) -> float:
+    t = time.thread_time()
+    for k in keys:
+        fn(k)
+    return 1e6 * (time.thread_time() - t) / len(keys)
+
+
+def in_process(rules_name: str, rules: str, shape: str, nodes: int, repeats: int = 3) -> InProcess:
+    """Best of ``repeats`` rounds, each on fresh pipelines and series never seen (other node numbers),
+    after a warm-up; before and after alternate, so both see the same machine load."""
+    make = SHAPES[shape]
+    before: list[float] = []
+    after: list[float] = []
+    route: list[float] = []
+    for r in range(repeats):
+        ref, new = _pipeline(rules), _pipeline(rules)
+        warm = [wire.encode_labels(s) for n in range(WARM_NODE + r * 10, WARM_NODE + r * 10 + 4) for s in make(n)]
+        for k in warm:
+            new.decide(k)
+            ref_decide(ref, k, {})
+        keys = [wire.encode_labels(s) for n in range(r * nodes, (r + 1) * nodes) for s in make(n)]
+        scratch: dict[bytes, Labels] = {}
+        before.append(_per_series(lambda k, ref=ref, scratch=scratch: ref_decide(ref, k, scratch), keys))
+        after.append(_per_series(new.decide, keys))
+        # the whole in-process route: a fresh pipeline, all-new requests, then the same known
+        routed = _pipeline(rules)
+        for q in build_requests([s for n in range(WARM_NODE + 100, WARM_NODE + 104) for s in make(n)], 1):
+            routed.route(snappy.uncompress(q))
+        reqs = [snappy.uncompress(q) for q in build_requests(
+            [s for n in range(r * nodes + 50_000, (r + 1) * nodes + 50_000) for s in make(n)], 1)]
+        t = time.thread_time()
+        for q in reqs:
+            routed.route(q)
+        t_new = time.thread_time() - t
+        t = time.thread_time()
+        for q in reqs:
+            routed.route(q)
+        route.append(1e6 * (t_new - (time.thread_time() - t)) / len(keys))
+    return InProcess(rules_name, shape, len(keys), min(before), min(after), min(route))
+
+
+REGEX_MEMO_BYTES = 150  # per memoised regex answer: a dict slot and the text it keeps alive
+
+
+def memo_bytes_bound(rule_lists: int = 1, regexes: int = 5, amp_limits: int = 1) -> int:
+    """The memos' worst case, whatever the series count: Label entries and name tuples, per rule list
+    (effects and name plans), per regex, per AmpLimits (name tuples) and the metric names. Defaults:
+    one destination with the kps rules (one rule list, 5 regexes)."""
+    return (label_codec.MAX_ENTRIES * label_codec.ENTRY_BYTES
+            + label_codec.MAX_NAME_SETS * (label_codec.NAME_SET_BYTES + 128)
+            + rule_lists * rule_plan.MAX_EFFECTS * (rule_plan.EFFECT_BYTES + rule_plan.PLAN_BYTES)
+            + regexes * relabel_regexp.MEMO_MAX * REGEX_MEMO_BYTES
+            + (amp_limits + 1) * limits.MAX_MEMO * 250)
+
+
+def in_process_table(rows: Sequence[InProcess]) -> str:
+    header = (f"{'rules':<12} {'labels':<6} {'series':>7} {'before':>9} {'after':>9} {'speed-up':>8} "
+              f"{'route new-known':>15}")
+    lines = ["First sight of a series in process: Pipeline.decide per new series, the reference path (before)",
+             "and today's (after), best of 3 rounds; route new-known: Pipeline.route of all-new requests minus",
+             "the same requests once known, per series (trackers and decision cache included).",
+             header, "-" * len(header)]
+    for r in rows:
+        lines.append(f"{r.rules:<12} {r.shape:<6} {r.series:>7,} {r.before_us:>6.1f} us {r.after_us:>6.1f} us "
+                     f"{r.before_us / r.after_us:>7.1f}x {r.route_new_us:>12.1f} us")
+    bound = memo_bytes_bound()
+    lines.append(f"memos: {label_codec.memo_bytes() / 2**20:.1f} MiB of Label entries now; worst case of every memo "
+                 f"for one kps destination {bound / 2**20:.1f} MiB, whatever the series count "
+                 f"({bound / 1e6:.1f} B per series at 1M, {bound / 5e6:.1f} at 5M)")
+    return "\n".join(lines) + "\n"
 
 
 def first_sight(name: str, rules: str, keep: Sequence[str] | None, series: list[Series], work: Path) -> FirstSight:
@@ -183,6 +346,12 @@ def memory_table(base: float, peak: float, rows: Sequence[MemRow]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    quick = "--quick" in argv
+    rows = [in_process(name, rules, shape, 8 if quick else 40, 1 if quick else 3)
+            for name, rules in RULE_SETS for shape in SHAPES]
+    print(in_process_table(rows), flush=True)
+    if "--first-sight" in argv or quick:
+        return 0
     sizes = [int(a) for a in argv] or [1_000_000]
     series = cluster_series(250, ISSUE9_OTHER_PER_NODE)
     with tempfile.TemporaryDirectory() as td:

@@ -43,6 +43,8 @@ from relay.selector import Selector
 
 OUTPUTS = ("sum", "avg", "min", "max", "count_series", "last", "total")
 MAX_FUTURE_S = 600.0  # like Cortex/AMP's creation grace period: later samples are "too far in future"
+MAX_CANDIDATE_NAMES = 8_192  # metric names memoised by Aggregator.route_metric
+MAX_CANDIDATE_TEXT = 256  # longer metric names are not memoised
 _COUNTER_OUTPUTS = frozenset({"total", "count_series"})
 
 
@@ -150,6 +152,28 @@ class Aggregator:
         self._clock = clock
         self._max_future_ms = round(max_future_s * 1000)
         self._groups: dict[tuple[int, Hashable], _Group] = {}
+        # metric name -> the rules whose __name__ matchers it passes (bounded memo; route_metric)
+        self._candidates: dict[str, tuple[int, ...]] = {}
+        self._name_matchers = tuple(tuple(m for m in r.match.matchers if m.name == METRIC_NAME)
+                                    for r in self.rules)
+
+    def route_metric(self, labels: Labels, metric: str) -> tuple[int, Labels] | None:
+        """``route(labels)`` where ``metric`` is the first ``__name__`` value of ``labels`` ("" if
+        none): the rules whose ``__name__`` matchers reject it are skipped without a look at the
+        labels (matchers are AND-ed: such a rule cannot match)."""
+        candidates = self._candidates.get(metric)
+        if candidates is None:
+            candidates = tuple(i for i, ms in enumerate(self._name_matchers)
+                               if all(m.matches_value(metric) for m in ms))
+            if len(metric) <= MAX_CANDIDATE_TEXT:
+                if len(self._candidates) >= MAX_CANDIDATE_NAMES:
+                    self._candidates.clear()
+                self._candidates[metric] = candidates
+        for i in candidates:
+            rule = self.rules[i]
+            if rule.match.matches(labels):
+                return i, rule.group(labels)
+        return None
 
     def route(self, labels: Labels, is_counter: bool = False) -> tuple[int, Labels] | None:
         """(rule index, group labels) for the first rule matching, or None (series passes through)."""

@@ -79,6 +79,56 @@ def _acceptable(labels: Labels, limits: AmpLimits) -> bool:
     return _valid_name(metric, colon=True)
 
 
+MAX_MEMO = 4_096  # memoised label-name tuples per AmpLimits, and metric names (then: start over)
+MAX_MEMO_NAMES = 100  # longer name tuples are not memoised
+MAX_MEMO_TEXT = 256  # longer metric names are not memoised
+_NAME_SETS: dict[int, dict[tuple[str, ...], bool]] = {}  # id(limits) -> names -> fine
+_NAME_SETS_OF: dict[int, AmpLimits] = {}  # id(limits) -> limits (kept alive, so the id stays its own)
+_METRIC_OK: dict[str, bool] = {}
+
+
+def amp_violation_named(labels: Labels, names: tuple[str, ...], size: int, limits: AmpLimits) -> str | None:
+    """``amp_violation(labels, limits)`` for a label set whose names are ``names`` and whose
+    encoding takes ``size`` bytes (a bound on every value's UTF-8 length). The usual case (names
+    known to be fine, everything shorter than the value limit, a known metric name) costs a few
+    dict probes; anything else is ``amp_violation``'s to answer. Memos bounded by ``MAX_MEMO``."""
+    memo = _NAME_SETS.get(id(limits))
+    if memo is None or _NAME_SETS_OF[id(limits)] is not limits:  # (ids are reused once freed)
+        if len(_NAME_SETS) >= 16:  # one per AmpLimits in use: a handful
+            _NAME_SETS.clear()
+            _NAME_SETS_OF.clear()
+        memo = _NAME_SETS[id(limits)] = {}
+        _NAME_SETS_OF[id(limits)] = limits
+    ok = memo.get(names)
+    if ok is None:
+        if len(names) > limits.max_labels or len(names) > MAX_MEMO_NAMES:
+            return amp_violation(labels, limits)  # (not memoised: a large tuple)
+        ok = _names_ok(names, limits)
+        if len(memo) >= MAX_MEMO:
+            memo.clear()
+        memo[names] = ok
+    if ok and size <= limits.max_value_len:
+        metric = labels[names.index(METRIC_NAME)][1]
+        valid = _METRIC_OK.get(metric)
+        if valid is None:
+            valid = _valid_name(metric, colon=True)
+            if len(metric) <= MAX_MEMO_TEXT:
+                if len(_METRIC_OK) >= MAX_MEMO:
+                    _METRIC_OK.clear()
+                _METRIC_OK[metric] = valid
+        if valid:
+            return None
+    return amp_violation(labels, limits)
+
+
+def _names_ok(names: tuple[str, ...], limits: AmpLimits) -> bool:
+    """No label-name reason to reject: few enough, unique, a metric name, the others valid and short."""
+    if len(names) > limits.max_labels or len(set(names)) != len(names) or METRIC_NAME not in names:
+        return False
+    return all(n == METRIC_NAME or (len(n) <= limits.max_name_len and _valid_name(n, colon=False))
+               for n in names)
+
+
 def _violation(labels: Labels, limits: AmpLimits) -> str | None:
     metric = ""
     previous = None

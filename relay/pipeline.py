@@ -32,17 +32,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from relay import wire
+from relay import label_codec, wire
 from relay.cardinality import CardinalityMetrics, DestinationStats, SeriesTracker
 from relay.config import Config
 from relay.decision_cache import DecisionCache
+from relay.label_codec import decode_key
 from relay.labels import METRIC_NAME, Labels
-from relay.labels import get as label_get
 from relay.limits import AmpLimits, CollisionDetector
 from relay.metrics import RelayMetrics
 from relay.queue import DurableQueue, Piece
 from relay.rules import Rules, add_external_labels
-from relay.stage import RULES, DestinationStage, decode_labels_canonical, metadata_entries
+from relay.stage import RULES, DestinationStage, metadata_entries
 
 log = logging.getLogger(__name__)
 
@@ -150,24 +150,36 @@ class Pipeline:
 
     # -- the cold path: once per distinct input label set, no side effect ---------------------------
     def decide(self, key: bytes) -> wire.Decision:
-        labels, offsets = decode_labels_canonical(key)  # raises WireError(400) for an invalid label set
-        metric_in = sys.intern(label_get(labels, METRIC_NAME))
+        labels, names, canonical = decode_key(key)  # raises WireError(400) for an invalid label set
+        try:
+            metric_in = sys.intern(labels[names.index(METRIC_NAME)][1])
+        except ValueError:
+            metric_in = ""
         # The input's identity: a 64-bit hash of its sorted label set (so the same series with its
         # labels in another order is the same series). In memory only, never on disk: Python's hash.
         in_id = hash(labels) & _ID_MASK
         self._scratch[key] = labels
         out: list[wire.DestDecision | None] = [(key, in_id, metric_in)]
-        base = self.rules.apply_global(labels)
-        plain = add_external_labels(labels, self._external)
-        splice = None if offsets is None else self._splice(labels, plain, offsets, len(key))
+        rules = self.rules
+        if rules.global_identity:  # decoded labels have no empty value: sendable iff a metric name
+            base = (labels, names) if metric_in else None
+            plain = labels
+        else:
+            base = rules.apply_global_named(labels, names)
+            plain = add_external_labels(labels, self._external)
+        splice = self._splice(labels, plain, key) if canonical else None
+        identity = rules.destination_identity
         for i, stage in enumerate(self.stages):
-            result = None if base is None else self.rules.apply_destination(i, base)
             # every destination gets a decision (never None), so entries line up with the inputs
+            if base is None:
+                out.append(RULES)
+                continue
+            result = base if identity[i] else rules.apply_destination_named(i, base[0], base[1])
             out.append(RULES if result is None else
-                       stage.decide(key, result, result == plain, self._scratch, splice))
+                       stage.decide(key, result[0], result[0] == plain, self._scratch, splice, result[1]))
         return tuple(out)
 
-    def _splice(self, labels: Labels, plain: Labels, offsets: list[int], end: int) -> int | None:
+    def _splice(self, labels: Labels, plain: Labels, key: bytes) -> int | None:
         """For a canonical key: -1 when ``plain`` (labels + external labels) is the key's own label
         set; the byte offset where every external label goes in, when they all do, together; else None."""
         if plain is labels:
@@ -178,7 +190,8 @@ class Pipeline:
         i = bisect.bisect_left(labels, ext[0])
         if i < len(labels) and not ext[-1][0] < labels[i][0]:
             return None
-        return offsets[i] if i < len(offsets) else end
+        offsets = label_codec.offsets(key)
+        return offsets[i] if i < len(offsets) else len(key)
 
     def _labels(self, lb: bytes) -> Labels:
         """Labels of input or output label bytes: decided in this request, else decoded."""

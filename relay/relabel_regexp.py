@@ -40,12 +40,16 @@ _RE2_OPTIONS = _re2_options()
 # DFA runs out of memory, so it is only used where that cannot happen: small programs, short texts.
 _SET_MAX_PROGRAM = 2000
 _SET_MAX_TEXT = 1024
+# Yes/no answers are memoised per regex for short texts (label names, metric names, values seen
+# again and again on the uncached path): bounded, cleared when full; a pure function's results.
+MEMO_MAX = 1024
+MEMO_MAX_TEXT = 128
 
 
 class Regexp:
     """An RE2 regex anchored as ``^(?s:pattern)$``, as Prometheus compiles relabel regexes."""
 
-    __slots__ = ("_compiled", "_pattern", "_set")
+    __slots__ = ("_compiled", "_memo", "_pattern", "_set")
 
     def __init__(self, pattern: str) -> None:
         try:
@@ -61,6 +65,7 @@ class Regexp:
         self._pattern = pattern
         self._compiled = compiled
         self._set: Any = None
+        self._memo: dict[str, bool] = {}
         if compiled.programsize <= _SET_MAX_PROGRAM:
             try:
                 matcher = re2.Set.SearchSet(_RE2_OPTIONS)
@@ -85,6 +90,17 @@ class Regexp:
 
     def matches(self, text: str) -> bool:
         """Go ``MatchString``."""
+        hit = self._memo.get(text)
+        if hit is not None:
+            return hit
+        hit = self._match(text)
+        if len(text) <= MEMO_MAX_TEXT:
+            if len(self._memo) >= MEMO_MAX:
+                self._memo.clear()
+            self._memo[text] = hit
+        return hit
+
+    def _match(self, text: str) -> bool:
         if self._set is not None and len(text) <= _SET_MAX_TEXT:
             return self._set.Match(text) is not None
         return self._compiled.search(text) is not None

@@ -12,6 +12,7 @@ from __future__ import annotations
 from relay.config import Config
 from relay.labels import METRIC_NAME, Labels
 from relay.relabel import RelabelConfig, process, process_traced
+from relay.rule_plan import Names, RulePlan, names_of
 
 NO_METRIC_NAME = "no metric name"
 
@@ -52,6 +53,15 @@ def _sendable(labels: Labels | None) -> Labels | None:
     return None
 
 
+def _sendable_named(labels: Labels, names: Names) -> tuple[Labels, Names] | None:
+    """``_sendable`` with the names known (first ``__name__`` pair, as ``_sendable`` looks)."""
+    try:
+        i = names.index(METRIC_NAME)
+    except ValueError:
+        return None
+    return (labels, names) if labels[i][1] else None
+
+
 class Rules:
     """The stateless stages of one config; ``destinations`` are the names, in config order."""
 
@@ -65,6 +75,38 @@ class Rules:
         self._prune: tuple[frozenset[str], ...] = tuple(
             frozenset(d.prune_labels) for d in config.destinations
         )
+        # the same stages with memoised effects, for label sets whose names are known (decide())
+        self._global_plan = RulePlan(self._global)
+        self._write_plans = tuple(RulePlan(w) for w in self._write)
+        # nothing before the destinations' rules (a sendable input is its own base), and which
+        # destinations change nothing (their result is the base)
+        self.global_identity = not self._external and not self._global
+        self.destination_identity = tuple(not w and not p for w, p in zip(self._write, self._prune, strict=True))
+
+    def memo_bytes(self) -> int:
+        """Estimated memory of the rule lists' effect memos (bounded)."""
+        return sum(p.memo_bytes() for p in (self._global_plan, *self._write_plans))
+
+    def apply_global_named(self, labels: Labels, names: Names) -> tuple[Labels, Names] | None:
+        """``apply_global`` of sorted ``labels`` whose names are ``names``; also the result's names."""
+        if self._external:
+            with_external = add_external_labels(labels, self._external)
+            if with_external is not labels:
+                labels, names = with_external, names_of(with_external)
+        out = self._global_plan.apply(labels, names) if self._global else (labels, names)
+        return None if out is None else _sendable_named(*out)
+
+    def apply_destination_named(self, index: int, labels: Labels, names: Names) -> tuple[Labels, Names] | None:
+        """``apply_destination`` of sorted ``labels`` whose names are ``names``; also the result's names."""
+        out = self._write_plans[index].apply(labels, names) if self._write[index] else (labels, names)
+        if out is None:
+            return None
+        labels, names = out
+        drop = self._prune[index]
+        if drop and not drop.isdisjoint(names):
+            labels = tuple([p for p in labels if p[0] not in drop])
+            names = names_of(labels)
+        return _sendable_named(labels, names)
 
     def index(self, destination: str | int) -> int:
         """The index of a destination given by name or index; raises UnknownDestinationError."""

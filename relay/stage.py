@@ -9,13 +9,20 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from relay import wire
+from relay import label_codec, wire
 from relay.aggregate import AggregateRule, Aggregator
 from relay.cardinality import CardinalityMetrics, DestinationStats
 from relay.config import DestinationConfig
 from relay.labels import METRIC_NAME, Labels
 from relay.labels import get as label_get
-from relay.limits import AmpLimits, CollisionDetector, CollisionOwners, SeriesLimiter, amp_violation
+from relay.limits import (
+    AmpLimits,
+    CollisionDetector,
+    CollisionOwners,
+    SeriesLimiter,
+    amp_violation,
+    amp_violation_named,
+)
 from relay.metrics import RelayMetrics
 from relay.protowire import encode_uvarint, fields, uvarint
 from relay.queue import DurableQueue, Piece
@@ -51,37 +58,10 @@ def decode_labels(key: bytes) -> Labels:
 
 def decode_labels_canonical(key: bytes) -> tuple[Labels, list[int] | None]:
     """``decode_labels``, and where ``key`` is exactly ``wire.encode_labels`` of the result (fast
-    path, already sorted) the byte offset of each label's entry in it; else None."""
-    out: list[tuple[str, str]] = []
-    offsets: list[int] = []
-    n = len(key)
-    p = 0
-    try:
-        while p < n:
-            if key[p] != 0x0A or key[p + 1] >= 0x80 or key[p + 2] != 0x0A or key[p + 3] >= 0x80:
-                return wire.decode_labels(key), None
-            end = p + 2 + key[p + 1]
-            ne = p + 4 + key[p + 3]
-            if ne == end:
-                value = ""
-            elif key[ne] == 0x12 and key[ne + 1] < 0x80 and ne + 2 + key[ne + 1] == end:
-                value = key[ne + 2 : end].decode()
-            else:
-                return wire.decode_labels(key), None
-            if ne > end or end > n or ne == p + 4 or not value:  # truncated, empty name or value
-                return wire.decode_labels(key), None  # (the slow path keeps the checks in one place)
-            out.append((key[p + 4 : ne].decode(), value))
-            offsets.append(p)
-            p = end
-    except (IndexError, UnicodeDecodeError):
-        return wire.decode_labels(key), None
-    ordered = all(out[i - 1][0] < out[i][0] for i in range(1, len(out)))
-    if not ordered:
-        out.sort()
-        for i in range(1, len(out)):
-            if out[i][0] == out[i - 1][0]:
-                return wire.decode_labels(key), None  # a duplicate name: its error message
-    return tuple(out), offsets if ordered else None
+    path, already sorted) the byte offset of each label's entry in it; else None. Label entries are
+    memoised (``relay.label_codec``); every error is ``wire.decode_labels``'s."""
+    labels, _, canonical = label_codec.decode_key(key)
+    return labels, label_codec.offsets(key) if canonical else None
 
 
 def _decoder(lb: bytes) -> Callable[[], Labels]:
@@ -151,39 +131,57 @@ class DestinationStage:
 
     # -- stateless ---------------------------------------------------------------------------------
     def decide(self, key: bytes, labels: Labels, unchanged: bool,
-               scratch: dict[bytes, Labels] | None = None, splice: int | None = None) -> wire.DestDecision:
-        """Cold path for one destination, after its rules produced ``labels``; no side effect
-        (``scratch`` only remembers the output's labels for the current request). ``splice``, for a
-        canonical key: -1 when ``unchanged`` labels are the key's own, else where the external
-        labels' bytes go into the key to make the ``unchanged`` output (None: encode it).
+               scratch: dict[bytes, Labels] | None = None, splice: int | None = None,
+               names: tuple[str, ...] | None = None) -> wire.DestDecision:
+        """Cold path for one destination, after its rules produced ``labels`` (whose names are
+        ``names``, when the caller knows them); no side effect (``scratch`` only remembers the
+        output's labels for the current request). ``splice``, for a canonical key: -1 when
+        ``unchanged`` labels are the key's own, else where the external labels' bytes go into the
+        key to make the ``unchanged`` output (None: encode it).
 
         Three kinds: a drop ``(b"", 0, reason)``; an aggregated series ``(group key, -(rule + 1),
         metric)``; a series sent ``(output label bytes, output id [| CLAIM] [| (pos + 1) << 65],
         metric)``. With a position, the output is the input key with the external labels' bytes
         (the shared first slot) inserted at ``pos``: the cache then keeps no copy of the output."""
-        violation = amp_violation(labels, self.amp_limits)
+        if names is None:
+            names = tuple([p[0] for p in labels])
+        ext = self.external
+        aggregator = self.aggregator
+        spliced = unchanged and splice is not None
+        lb = b""
+        if spliced:
+            size = len(key) + len(ext)  # at least the output's size: the key (and the external labels)
+        elif aggregator is None:
+            lb = label_codec.encode(labels)
+            size = len(lb)
+        else:
+            size = len(label_codec.encode(labels))
+        violation = amp_violation_named(labels, names, size, self.amp_limits)
         if violation is not None:
             return _drop(violation)
-        metric = sys.intern(label_get(labels, METRIC_NAME))
-        if self.aggregator is not None:
-            routed = self.aggregator.route(labels)
+        try:
+            metric = sys.intern(labels[names.index(METRIC_NAME)][1])
+        except ValueError:
+            metric = ""
+        if aggregator is not None:
+            routed = aggregator.route_metric(labels, metric)
             if routed is not None:
                 rule, group = routed
                 return (wire.encode_labels(group), -(rule + 1), metric)
-        ext = self.external
         if unchanged and splice is not None:
             if splice < 0:
-                return (key, wire.series_id(key), metric)
+                return (key, label_codec.series_id(key), metric)
             full = key[:splice] + ext + key[splice:]
             if scratch is not None:
                 scratch[full] = labels
-            return (ext, wire.series_id(full) | (splice + 1) << POS_SHIFT, metric)
-        lb = wire.encode_labels(labels)
+            return (ext, label_codec.series_id(full) | (splice + 1) << POS_SHIFT, metric)
+        if not lb:
+            lb = label_codec.encode(labels)
         if lb == key:
             lb = key  # one bytes object for the cache key and the output
         if scratch is not None:
             scratch[lb] = labels
-        sid = wire.series_id(lb) if unchanged else wire.series_id(lb) | CLAIM
+        sid = label_codec.series_id(lb) if unchanged else label_codec.series_id(lb) | CLAIM
         if ext and len(lb) == len(key) + len(ext):
             pos = lb.find(ext)
             if pos >= 0 and lb[:pos] == key[:pos] and lb[pos + len(ext):] == key[pos:]:
