@@ -411,6 +411,9 @@ static PyObject *unpack(Held *c, PyObject *key) {
     PyTuple_SET_ITEM(in, 0, key);
     PyTuple_SET_ITEM(in, 1, id);
     PyTuple_SET_ITEM(in, 2, metric_in);
+    int atomic = PyUnicode_CheckExact(metric_in) && (key == Py_None || PyBytes_CheckExact(key));
+    if (atomic)
+        PyObject_GC_UnTrack(in);
     PyTuple_SET_ITEM(out, 0, in);
     for (; j < width; j++) {
         const uint64_t *w = e + HDR + 3 * (j - 1);
@@ -419,6 +422,8 @@ static PyObject *unpack(Held *c, PyObject *key) {
             if (o == NULL) {
                 Py_INCREF(Py_None);
                 o = Py_None;
+            } else if ((w[1] & 3) == K_TUPLE) {
+                atomic = 0; /* stored as given: may hold anything */
             }
             PyTuple_SET_ITEM(out, j, o);
             continue;
@@ -437,8 +442,14 @@ static PyObject *unpack(Held *c, PyObject *key) {
         PyTuple_SET_ITEM(d, 0, c->lbs[j - 1]);
         PyTuple_SET_ITEM(d, 1, sid);
         PyTuple_SET_ITEM(d, 2, o);
+        if (PyUnicode_CheckExact(o))
+            PyObject_GC_UnTrack(d); /* bytes, int, str: never part of a cycle (as the GC would find) */
+        else
+            atomic = 0;
         PyTuple_SET_ITEM(out, j, d);
     }
+    if (atomic)
+        PyObject_GC_UnTrack(out); /* holds only the tuples above, None and shared drops */
 done:
     held_free(c);
     return out;
