@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from relay import native
+from relay import native, wire
 from relay.stage import CLAIM, POS_SHIFT
 
 _c = native.load("cdcache")
@@ -28,26 +28,44 @@ EXT = b"\n\x0c\n\x07cluster\x12\x01c"  # a stage's shared external-labels bytes
 OTHER_EXT = b"\n\x08\n\x04zone\x12\x00"
 METRICS = [sys.intern(m) for m in ("m", "DCGM_FI_DEV_GPU_UTIL", "up", "")]
 DROPS = [(b"", 0, "rules"), (b"", 0, "too_many_labels"), (b"", 0, "collision")]
-KEYS = st.binary(min_size=0, max_size=300)
+LABEL = st.tuples(st.sampled_from(["__name__", "gpu", "pod", "UUID", "job", "a" * 130, "zone", "cluster"]),
+                  st.text(min_size=0, max_size=140))
+LABEL_KEYS = st.lists(LABEL, max_size=8, unique_by=lambda x: x[0]).map(
+    lambda ls: wire.encode_labels(sorted(ls)))  # keys as the route loop sees them (lengths over 127 too)
+KEYS = st.binary(min_size=0, max_size=300) | LABEL_KEYS
 U64 = st.integers(0, (1 << 64) - 1)
 
 
-def restore(decision: Any, key: bytes) -> Any:
-    """A decision read back without its key (popitem, values): None where the key was -> key."""
-    if not isinstance(decision, tuple) or not decision or not isinstance(decision[0], tuple):
-        return decision
-    out = []
-    for d in decision:
-        if isinstance(d, tuple) and d and d[0] is None:
-            d = (key, *d[1:])
-        out.append(d)
-    return tuple(out)
+def entries(key: bytes) -> list[bytes]:
+    """The key's Label entries, each as its bytes."""
+    out, p = [], 0
+    while p < len(key):
+        n, q = wire.uvarint(key, p + 1)
+        out.append(key[p:q + n])
+        p = q + n
+    return out
+
+
+def same_without_key(got: Any, want: Any, key: bytes) -> bool:
+    """A decision read back without its key (popitem, values) against the stored one: None where
+    the key, or bytes made from it, were."""
+    if not (isinstance(got, tuple) and got and isinstance(got[0], tuple)) or got is want:
+        return bool(got == want)
+    if len(got) != len(want):
+        return False
+    for g, w in zip(got, want, strict=True):
+        if isinstance(g, tuple) and g and g[0] is None:
+            if not (isinstance(w, tuple) and len(w) == len(g) and g[1:] == w[1:] and isinstance(w[0], bytes)):
+                return False
+        elif g != w:
+            return False
+    return True
 
 
 @st.composite
 def dest_decisions(draw: st.DrawFn, key: bytes) -> Any:
     kind = draw(st.sampled_from(["none", "drop", "aggregated", "key", "key_claim", "ext", "own", "own_claim",
-                                 "own_equal", "unusual"]))
+                                 "own_equal", "pruned", "pruned", "unusual"]))
     metric = draw(st.sampled_from(METRICS))
     sid = draw(U64)
     pos = draw(st.integers(0, 1 << 20))
@@ -68,6 +86,15 @@ def dest_decisions(draw: st.DrawFn, key: bytes) -> Any:
         return (draw(st.binary(min_size=1, max_size=200)), sid | (CLAIM if kind == "own_claim" else 0), metric)
     if kind == "own_equal":  # the rules produced the key's own bytes, as another object
         return (bytes(bytearray(key)), sid, metric)
+    if kind == "pruned":  # the key with some entries left out and a run put in (prune + external labels)
+        try:
+            es = entries(key)
+        except (IndexError, wire.WireError):
+            es = []
+        kept = [e for e in es if draw(st.booleans())]
+        at = draw(st.integers(0, len(kept)))
+        run = draw(st.sampled_from([b"", EXT, OTHER_EXT, draw(st.binary(max_size=30))]))
+        return (b"".join(kept[:at]) + run + b"".join(kept[at:]), sid | draw(st.sampled_from([0, CLAIM])), metric)
     return draw(st.sampled_from([
         (key, sid | 1 << 300, metric),  # an id too wide
         (b"x", sid | 5 << POS_SHIFT, metric),  # a position without the shared bytes ... still packed
@@ -181,7 +208,17 @@ class TableVsDict(RuleBasedStateMachine):
                 return
             digest, value = self.table.popitem()
             key = by_digest.pop(digest)  # the digest names a key that was stored
-            assert restore(value, key) == self.model.pop(key)
+            assert same_without_key(value, self.model.pop(key), key)
+
+    @rule()
+    def values(self) -> None:
+        got = self.table.values()
+        assert len(got) == len(self.model)
+        if len(self.model) < 30:
+            left = list(self.model.items())
+            for v in got:  # each matches one stored decision
+                i = next(i for i, (k, w) in enumerate(left) if same_without_key(v, w, k))
+                del left[i]
 
     @precondition(lambda self: len(self.model) < 50)
     @rule()
@@ -378,3 +415,43 @@ def test_memory_stays_bounded_over_many_set_and_pop_cycles() -> None:
     assert grown < 1_000_000  # 100k cycles of ~100-byte objects would be ~10 MB if anything leaked
     t.clear()
     assert t.nbytes() == 0 and len(t) == 0
+
+
+def test_outputs_made_from_the_key_by_the_rules_keep_no_copy() -> None:
+    """prune_labels / labeldrop with external labels: the key minus some entries plus a shared run."""
+    labels = [("UUID", "GPU-1"), ("__name__", "DCGM_FI_DEV_GPU_UTIL"), ("gpu", "0"), ("pci_bus_id", "0:18"),
+              ("pod", "trainer-0"), ("zone", "z")]
+    plain, pruned = cd.DecisionTable(2), cd.DecisionTable(2)
+    for i in range(500):
+        ls = [*labels, ("instance", f"10.0.0.{i}:9400")]
+        key = wire.encode_labels(sorted(ls))
+        out = wire.encode_labels(sorted([x for x in ls if x[0] not in ("pod", "pci_bus_id")] + [("cluster", "prod")]))
+        plain[key] = ((key, i, "m"), (key, i, "m"))
+        pruned[key] = ((key, i, "m"), (out, i | CLAIM, "m"))
+        got = pruned[bytes(bytearray(key))]
+        assert got == ((key, i, "m"), (out, i | CLAIM, "m"))
+    assert pruned.nbytes() - plain.nbytes() < 200  # the run "cluster=prod", once
+    assert pruned.values()[0][1][0] is None  # made from the key: without one, None
+
+
+def test_runs_that_are_not_shared_do_not_take_the_shared_objects_places() -> None:
+    t = cd.DecisionTable(3)
+    for i in range(100):  # a per-series value put in: its own bytes after the first few
+        key = wire.encode_labels([("a", "1"), ("z", str(i))])
+        t[key] = ((key, i, "m"), (wire.encode_labels([("a", "1"), ("b", f"v{i}"), ("z", str(i))]), i, "m"), None)
+    before = t.nbytes()
+    for i in range(20):  # ext-spliced outputs (each a shared object, by identity) still pack
+        key = b"k%d" % i
+        t[key] = ((key, i, "m"), None, (EXT, i | 3 << POS_SHIFT, "m"))
+    assert t.nbytes() - before <= 20 * 80 + 512  # 80-byte entries (a tuple kept whole: +112 each)
+    assert all(t[b"k%d" % i][2][0] is EXT for i in range(20))
+
+
+def test_rebuilt_decisions_of_atomic_objects_are_not_tracked_by_the_gc() -> None:
+    t = cd.DecisionTable(3)
+    t[b"k"] = ((b"k", 1, "m"), (b"k", 2, "m"), DROPS[0])
+    got = t[b"k"]
+    assert not gc.is_tracked(got) and not gc.is_tracked(got[0]) and not gc.is_tracked(got[1])
+    t[b"x"] = ((b"x", 1, "m"), (b"x", 2, "m"), odd := (b"g", -1, ["a list"]))
+    got = t[b"x"]
+    assert gc.is_tracked(got) and got[2] is odd  # holds what the table did not pack: left to the GC

@@ -94,12 +94,17 @@ static inline void key_hash(const uint8_t *p, size_t n, uint64_t h[2]) {
    in_ref: the metric, or (low bit 1) the whole value stored as is.
    ref (dest): low 2 bits the kind, the rest the object pointer (NULL for NONE).
    aux (SENT): bit 0 CLAIM, bits 1-2 where lb comes from (LB_KEY, LB_OWN: aux & ~7 is the bytes
-   object, LB_SHARED: bits 3-10 index the table's shared objects), bits 11-63 pos + 1 (0: none). */
+   object, LB_SHARED: bits 3-10 index the table's shared objects), bits 11-63 pos + 1 (0: none).
+   LB_EDIT: lb is the key with some of its label entries left out and at most one run of bytes (a
+   shared object, e.g. the external labels) put in before one of them: bits 3-7 the run's shared
+   index + 1 (0: none), bits 8-13 the entry it goes before, bits 14-63 the mask of entries left out
+   (entries 0-49). What rules such as prune_labels or labeldrop make, with no copy kept. */
 
 enum { K_NONE = 0, K_SENT = 1, K_SHARED = 2, K_TUPLE = 3 };
-enum { LB_KEY = 0, LB_OWN = 1, LB_SHARED = 2 };
+enum { LB_KEY = 0, LB_OWN = 1, LB_SHARED = 2, LB_EDIT = 3 };
 #define WHOLE 1u
 #define MAX_SHARED 16
+#define MAX_RUNS 8 /* of them, runs of bytes found in edited outputs (LB_EDIT) */
 #define POS_LIMIT (1ULL << 53)
 #define MAX_WIDTH 4096
 #define HDR 4 /* words before the destinations: h0 h1 in_id in_ref */
@@ -114,7 +119,8 @@ typedef struct {
     size_t isize;
     size_t owned;       /* bytes of objects the entries hold that nothing else shares */
     PyObject *shared[MAX_SHARED];
-    int nshared;
+    int nshared, nruns;
+    size_t shared_bytes; /* the runs' bytes objects (only the table holds them) */
 } Table;
 
 static inline uint64_t *entry_at(Table *t, size_t i) { return t->entries + i * t->words; }
@@ -146,6 +152,166 @@ static inline int bytes_equal(PyObject *a, const char *p, Py_ssize_t n) {
 }
 
 /* ---- packing ---------------------------------------------------------------------------------- */
+
+/* Offsets of the key's field-1 entries (tag 0x0a, length, payload): their count (offs[count] is
+   the end), or -1 when the key is not such a run of at most MAX_ENTRIES entries. */
+#define MAX_ENTRIES 64
+#define EDIT_MASK_BITS 50
+static int split_entries(const uint8_t *p, size_t n, size_t *offs) {
+    size_t i = 0;
+    int count = 0;
+    while (i < n) {
+        if (count == MAX_ENTRIES || p[i] != 0x0a)
+            return -1;
+        size_t j = i + 1, len = 0;
+        int shift = 0;
+        for (;;) {
+            if (j >= n || shift > 28)
+                return -1;
+            uint8_t b = p[j++];
+            len |= (size_t)(b & 0x7f) << shift;
+            if (!(b & 0x80))
+                break;
+            shift += 7;
+        }
+        if (len > n - j)
+            return -1;
+        offs[count++] = i;
+        i = j + len;
+    }
+    offs[count] = n;
+    return count;
+}
+
+/* Length of the edited key (aux as LB_EDIT), written to out when out is not NULL. */
+static size_t edit_apply(const uint8_t *key, const size_t *offs, int count, uint64_t aux, const char *run,
+                         size_t run_len, uint8_t *out) {
+    uint64_t mask = aux >> 14;
+    int before = (int)((aux >> 8) & 63);
+    size_t n = 0;
+    for (int i = 0; i <= count; i++) {
+        if (i == before && run != NULL) {
+            if (out)
+                memcpy(out + n, run, run_len);
+            n += run_len;
+        }
+        if (i == count)
+            break;
+        if (i < EDIT_MASK_BITS && (mask >> i) & 1)
+            continue;
+        size_t len = offs[i + 1] - offs[i];
+        if (out)
+            memcpy(out + n, key + offs[i], len);
+        n += len;
+    }
+    return n;
+}
+
+/* The table's shared object equal to p[0:n], registered when new; its index, or -1 (full). */
+static int shared_run(Table *t, const char *p, size_t n) {
+    for (int i = 0; i < t->nshared; i++)
+        if (bytes_equal(t->shared[i], p, (Py_ssize_t)n))
+            return i;
+    /* at most MAX_RUNS made here: runs that are not shared (a value the rules set per series) must
+       not take every place from the objects that are (a stage's external labels) */
+    if (t->nshared == MAX_SHARED || t->nruns == MAX_RUNS)
+        return -1;
+    PyObject *b = PyBytes_FromStringAndSize(p, (Py_ssize_t)n);
+    if (b == NULL) {
+        PyErr_Clear(); /* then the output is kept as its own bytes */
+        return -1;
+    }
+    t->nruns++;
+    t->shared_bytes += obj_size(b);
+    t->shared[t->nshared] = b;
+    return t->nshared++;
+}
+
+/* lb as an edit of key (LB_EDIT aux without the CLAIM bit), or 0 when it is not one. */
+static uint64_t edit_of(Table *t, PyObject *key, PyObject *lb) {
+    const uint8_t *k = (const uint8_t *)PyBytes_AS_STRING(key), *l = (const uint8_t *)PyBytes_AS_STRING(lb);
+    size_t kn = (size_t)PyBytes_GET_SIZE(key), ln = (size_t)PyBytes_GET_SIZE(lb);
+    size_t offs[MAX_ENTRIES + 1];
+    int count = split_entries(k, kn, offs);
+    if (count <= 0)
+        return 0;
+    uint64_t mask = 0;
+    size_t p = 0, run_start = 0, run_len = 0;
+    int before = -1;
+    for (int i = 0; i < count; i++) {
+        size_t len = offs[i + 1] - offs[i];
+        if (len <= ln - p && memcmp(l + p, k + offs[i], len) == 0) {
+            p += len;
+            continue;
+        }
+        if (before < 0) { /* is entry i further on? then what comes before it was put in */
+            for (size_t q = p + 1; q + len <= ln; q++)
+                if (l[q] == 0x0a && memcmp(l + q, k + offs[i], len) == 0) {
+                    before = i;
+                    run_start = p;
+                    run_len = q - p;
+                    p = q + len;
+                    break;
+                }
+            if (before == i)
+                continue;
+        }
+        if (i >= EDIT_MASK_BITS)
+            return 0;
+        mask |= 1ULL << i; /* left out */
+    }
+    if (p < ln) {
+        if (before >= 0)
+            return 0;
+        before = count;
+        run_start = p;
+        run_len = ln - p;
+    }
+    if (before > 63)
+        return 0;
+    uint64_t aux = ((uint64_t)LB_EDIT << 1) | (mask << 14);
+    const char *run = before >= 0 && run_len ? (const char *)l + run_start : NULL;
+    if (run != NULL)
+        aux |= (uint64_t)before << 8;
+    /* the edit must give lb exactly */
+    if (edit_apply(k, offs, count, aux, run, run_len, NULL) != ln)
+        return 0;
+    uint8_t stack[512];
+    uint8_t *buf = ln <= sizeof(stack) ? stack : PyMem_Malloc(ln);
+    if (buf == NULL)
+        return 0;
+    edit_apply(k, offs, count, aux, run, run_len, buf);
+    int same = memcmp(buf, l, ln) == 0;
+    if (buf != stack)
+        PyMem_Free(buf);
+    if (!same)
+        return 0;
+    if (run != NULL) {
+        int idx = shared_run(t, run, run_len);
+        if (idx < 0)
+            return 0;
+        aux |= (uint64_t)(idx + 1) << 3;
+    }
+    return aux;
+}
+
+/* The bytes an LB_EDIT aux makes of key (the run held by the caller); NULL with an error set. */
+static PyObject *edit_build(PyObject *key, uint64_t aux, PyObject *run) {
+    size_t offs[MAX_ENTRIES + 1];
+    const uint8_t *k = (const uint8_t *)PyBytes_AS_STRING(key);
+    int count = split_entries(k, (size_t)PyBytes_GET_SIZE(key), offs);
+    if (count < 0) {
+        PyErr_SetString(PyExc_SystemError, "DecisionTable: an edited key no longer splits");
+        return NULL;
+    }
+    const char *r = run == NULL ? NULL : PyBytes_AS_STRING(run);
+    size_t rn = run == NULL ? 0 : (size_t)PyBytes_GET_SIZE(run);
+    size_t n = edit_apply(k, offs, count, aux, r, rn, NULL);
+    PyObject *b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n);
+    if (b != NULL)
+        edit_apply(k, offs, count, aux, r, rn, (uint8_t *)PyBytes_AS_STRING(b));
+    return b;
+}
 
 /* Packs one destination decision into w[0..2] (new references taken); 0, or -1 with an error set. */
 static int pack_dest(Table *t, PyObject *d, PyObject *key, uint64_t *w, size_t *owned) {
@@ -208,6 +374,8 @@ static int pack_dest(Table *t, PyObject *d, PyObject *key, uint64_t *w, size_t *
             t->shared[t->nshared++] = lb;
         }
         aux = claim | (LB_SHARED << 1) | ((uint64_t)i << 3) | (pos1 << 11);
+    } else if ((aux = edit_of(t, key, lb)) != 0) {
+        aux |= claim;
     } else {
         Py_INCREF(lb);
         aux = (uint64_t)(uintptr_t)lb | claim | (LB_OWN << 1);
@@ -353,9 +521,10 @@ static int hold(Table *t, const uint64_t *entry, PyObject *key, Held *c) {
             switch ((aux >> 1) & 3) {
             case LB_OWN: lb = (PyObject *)(uintptr_t)(aux & ~(uint64_t)7); break;
             case LB_SHARED: lb = t->shared[(aux >> 3) & 0xff]; break;
+            case LB_EDIT: lb = (aux >> 3) & 31 ? t->shared[((aux >> 3) & 31) - 1] : NULL; break;
             default: lb = key; break;
             }
-            Py_INCREF(lb);
+            Py_XINCREF(lb);
         }
         c->lbs[j - 1] = lb;
     }
@@ -429,7 +598,20 @@ static PyObject *unpack(Held *c, PyObject *key) {
             continue;
         }
         uint64_t aux = w[2];
-        uint64_t high = ((aux >> 1) & 3) == LB_OWN ? (aux & 1) : (aux & 1) | ((aux >> 11) << 1);
+        int mode = (int)((aux >> 1) & 3);
+        uint64_t high = mode == LB_OWN || mode == LB_EDIT ? (aux & 1) : (aux & 1) | ((aux >> 11) << 1);
+        if (mode == LB_EDIT) { /* lb made from the key (None without one, as popitem and values) */
+            PyObject *run = c->lbs[j - 1];
+            c->lbs[j - 1] = key == Py_None ? (Py_INCREF(Py_None), Py_None) : edit_build(key, aux, run);
+            Py_XDECREF(run);
+            if (c->lbs[j - 1] == NULL) {
+                Py_DECREF(o);
+                Py_DECREF(out);
+                out = NULL;
+                unhold_from(c, j + 1);
+                goto done;
+            }
+        }
         PyObject *d = PyTuple_New(3);
         PyObject *sid = sid_object(w[0], high);
         if (d == NULL || sid == NULL) {
@@ -622,7 +804,8 @@ static void clear_all(Table *t) {
     t->entries = NULL;
     t->isize = t->cap = t->n = 0;
     t->owned = 0;
-    t->nshared = 0;
+    t->nshared = t->nruns = 0;
+    t->shared_bytes = 0;
     size_t ignored = 0;
     for (size_t i = 0; i < n; i++)
         release_words(t, entries + i * words, &ignored);
@@ -852,7 +1035,7 @@ static PyObject *Table_clear(Table *t, PyObject *Py_UNUSED(ignored)) {
 static PyObject *Table_nbytes(Table *t, PyObject *Py_UNUSED(ignored)) {
     if (t->n == 0)
         return PyLong_FromLong(0);
-    size_t n = t->isize * sizeof(uint32_t) + t->n * t->words * 8 + t->owned;
+    size_t n = t->isize * sizeof(uint32_t) + t->n * t->words * 8 + t->owned + t->shared_bytes;
     return PyLong_FromSize_t(n);
 }
 
