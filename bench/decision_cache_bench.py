@@ -14,6 +14,7 @@ request, so nothing caches its hash), hits only, for the decisions a real Pipeli
     .venv/bin/python bench/decision_cache_bench.py                      # 100k and 1M series
     .venv/bin/python bench/decision_cache_bench.py 100000 --quick       # fewer rows
     .venv/bin/python bench/decision_cache_bench.py 5000000 --rows pass-through:c:default
+    .venv/bin/python bench/decision_cache_bench.py --table 5000000 c,py   # the cache alone, all cached
 """
 
 from __future__ import annotations
@@ -130,6 +131,61 @@ def lookups(n: int, config_name: str, repeat: int) -> dict[str, float]:
             "table_bytes": table.nbytes() / n}
 
 
+def table_only(n: int, config_name: str) -> dict[str, Any]:
+    """The cache alone at n entries (child process, its implementation from GPU_RELAY_NATIVE): the
+    decisions stage.decide makes for these series with ``external_labels {cluster: prod}``, computed
+    here directly (no rules engine, so 5M entries take minutes, not hours); checked against the real
+    Pipeline.decide on the first 2000."""
+    import hashlib
+
+    from bench.relay_bench import METRICS
+    from relay import wire
+    from relay.decision_cache import DecisionCache
+    from relay.stage import CLAIM, POS_SHIFT, RULES
+
+    metrics = list(METRICS)
+    keep = set(CONFIGS[config_name].split("regex: '")[1].split("'")[0].split("|")) if "keep" in config_name else None
+    ext = wire.encode_labels((("cluster", "prod"),))
+
+    def sid(b: bytes) -> int:
+        return int.from_bytes(hashlib.blake2b(b, digest_size=8).digest(), "little")
+
+    def decision(labels: tuple[tuple[str, str], ...], key: bytes) -> Any:
+        metric = sys.intern(labels[[n for n, _ in labels].index("__name__")][1])
+        inp = (key, hash(labels) & ((1 << 60) - 1), metric)
+        if keep is not None:
+            if metric not in keep:
+                return (inp, RULES)
+            out = tuple(sorted([x for x in labels if x[0] not in ("pod", "pci_bus_id")] + [("cluster", "prod")]))
+            lb = wire.encode_labels(out)
+            return (inp, (lb, sid(lb) | CLAIM, metric))
+        at = len(wire.encode_labels(tuple(x for x in labels if x[0] < "cluster")))
+        return (inp, (ext, sid(key[:at] + ext + key[at:]) | (at + 1) << POS_SHIFT, metric))
+
+    p = _pipeline(config_name, 0)
+    for i in range(2000):
+        labels = _series(i, metrics)
+        key = wire.encode_labels(labels)
+        p._scratch.clear()
+        if decision(labels, key) != p.decide(key):
+            raise SystemExit(f"the computed decision of series {i} is not Pipeline.decide's")
+    del p
+    cache = DecisionCache(1 << 62)
+    young = cache.young
+    gc.collect()
+    before = rss_bytes()
+    t0 = time.process_time()
+    for i in range(n):
+        labels = _series(i, metrics)
+        key = wire.encode_labels(labels)
+        d = decision(labels, key)
+        young[key] = cache.miss(key, lambda _k, d=d: d)  # as wire.route stores a miss
+    fill_s = time.process_time() - t0
+    gc.collect()
+    return {"rss_delta": rss_bytes() - before, "cache_bytes": cache.size(), "entries": len(cache),
+            "native": cache.native, "fill_us": fill_s / n * 1e6}
+
+
 def child(kind: str, args: list[str], impl: str) -> dict[str, Any]:
     env = {**os.environ, "GPU_RELAY_NATIVE": IMPLS[impl]}
     out = subprocess.run([sys.executable, __file__, "--child", kind, *args], check=True, capture_output=True,
@@ -142,8 +198,24 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--child"]:
         if argv[1] == "memory":
             print(json.dumps(measure(int(argv[2]), argv[3], argv[4])))
+        elif argv[1] == "table":
+            print(json.dumps(table_only(int(argv[2]), argv[3])))
         else:
             print(json.dumps(lookups(int(argv[2]), argv[3], int(argv[4]))))
+        return 0
+    if "--table" in argv:  # the cache alone: .venv/bin/python bench/decision_cache_bench.py --table 5000000 c
+        i = argv.index("--table")
+        n, impls = int(argv[i + 1]), argv[i + 2].split(",")
+        print("The decision cache alone, every series cached (RSS delta of filling it / entries; the keys")
+        print("the dict keeps are in it, the table keeps none); nbytes: what the budget counts.")
+        h3 = f"{'entries':>9}  {'rules':<12} {'impl':<4} {'B/entry':>7}  {'RSS delta':>9}  {'counted B/entry':>15}"
+        print(h3)
+        print("-" * len(h3))
+        for config_name in CONFIGS:
+            for impl in impls:
+                r = child("table", [str(n), config_name], impl)
+                print(f"{n:>9,}  {config_name:<12} {impl:<4} {r['rss_delta'] / n:>7.0f}  "
+                      f"{r['rss_delta'] / 2**20:>5.0f} MiB  {r['cache_bytes'] / r['entries']:>15.0f}", flush=True)
         return 0
     quick = "--quick" in argv
     argv = [a for a in argv if a != "--quick"]
