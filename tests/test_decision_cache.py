@@ -134,3 +134,27 @@ def test_the_swapped_in_young_table_keeps_the_width(impl: str) -> None:
     if impl == "native":
         assert young.width == 3
     assert len(cache) == 0
+
+
+def test_wire_route_with_a_decision_table_routes_exactly_as_with_a_dict(impl: str) -> None:
+    """The route loop reads the cache with get() and stores misses with cache[key] = decision."""
+    if impl != "native":
+        pytest.skip("routes through a DecisionTable")
+    labels = [(("__name__", "m"), ("gpu", str(i)), ("pod", "p" * (i * 40))) for i in range(6)]
+    request = wire.encode_write_request(
+        [(labels[i % 6], [(1_700_000_000_000 + i // 6, float(i))]) for i in range(30)]  # keys seen again
+        + [(labels[0], [(5, 1.0), (6, 2.0)])])  # and one that is not the one-sample shape
+    results = []
+    for cache in ({}, DecisionCache(1 << 30).young):
+        calls: list[bytes] = []
+
+        def decide(key: bytes, calls: list[bytes] = calls) -> wire.Decision:
+            calls.append(key)
+            return _decide(key)
+
+        for _ in range(2):  # a cold round, then everything cached
+            routed = wire.route(request, 3, cache, decide)
+            results.append((routed.per_dest, routed.new_keys, routed.series_in, routed.samples_in))
+        assert len(calls) == 6 and len(cache) == 6
+    assert results[0] == results[2] and results[1] == results[3]
+    assert results[1][1] == 0  # no new keys on the second round
