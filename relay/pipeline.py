@@ -46,8 +46,9 @@ from relay.stage import RULES, DestinationStage, metadata_entries
 
 log = logging.getLogger(__name__)
 
-# decision cache budget, estimated as relay.decision_cache.entry_bytes does: ~250k dcgm-like series
-DEFAULT_CACHE_MAX_BYTES = 192 * 1024 * 1024
+# decision cache budget, as server.decision_cache's default: ~4M dcgm-like series in native tables
+# (~66 B each, bench/decision_cache_bench.py), ~350k in the dict fallback (relay.decision_cache)
+DEFAULT_CACHE_MAX_BYTES = 256 * 1024 * 1024
 AGGREGATE_GRACE_MS = 10_000  # windows close this long after their end (late scrapes, batching)
 MAX_COUNTER_FAMILIES = 100_000  # counter families learnt from metadata (beyond: only the _total suffix)
 _ID_MASK = (1 << 60) - 1  # input ids: 60 bits, a 32-byte int (64 bits take 36)
