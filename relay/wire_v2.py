@@ -12,11 +12,12 @@ MetricMetadata type=1 metric_family_name=2 help=4 unit=5; Exemplar labels=1 valu
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
+from relay import native
 from relay.proto import remote_v2_pb2 as v2pb
 from relay.protowire import WireError, encode_int64, encode_len, encode_uvarint
 
@@ -91,8 +92,8 @@ class _Symbols:
         return self.text[ref]
 
 
-def v2_to_v1(raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, V2Counts]:
-    """Transcode a v2 Request: labels resolved and sorted, metadata as deduplicated MetricMetadata.
+def py_v2_to_v1(raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, V2Counts]:
+    """The reference (``v2_to_v1`` is its C twin where relay._crw2 is built). Transcode a v2 Request: labels resolved and sorted, metadata as deduplicated MetricMetadata.
 
     WireError(413) as soon as the v1 output would pass ``max_bytes``: a few KB of v2 can reference
     one long symbol thousands of times, so the size is checked series by series, before joining.
@@ -194,3 +195,9 @@ def _family(name: str, mtype: int) -> str:
         if name.endswith(suffix) and len(name) > len(suffix):
             return name[: -len(suffix)]
     return name
+
+
+_c = native.load("crw2")
+if _c is not None:
+    _c.configure(py_v2_to_v1, V2Counts, DEFAULT_MAX_BYTES)  # what the C code hands unusual requests to
+v2_to_v1: Callable[..., tuple[bytes, V2Counts]] = _c.v2_to_v1 if _c is not None else py_v2_to_v1
