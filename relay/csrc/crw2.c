@@ -722,8 +722,19 @@ static int ensure_out(Ctx *c, size_t n)
     /* never past max_bytes, counting the metadata still to come */
     if (n > c->limit - c->len - c->meta_bytes)
         return NO;
-    if (GROW(g_out, g_out_cap, c->len + n))
-        return NO;
+    size_t need = c->len + n;
+    if (need > g_out_cap) { /* doubling, but never past max_bytes */
+        size_t cap = g_out_cap < 4096 ? 4096 : g_out_cap * 2;
+        if (cap > c->limit)
+            cap = c->limit;
+        if (cap < need)
+            cap = need;
+        uint8_t *p = realloc(g_out, cap);
+        if (!p)
+            return NO;
+        g_out = p;
+        g_out_cap = cap;
+    }
     c->out = g_out;
     return OK;
 }
@@ -731,7 +742,7 @@ static int ensure_out(Ctx *c, size_t n)
 /* One TimeSeries: sized first (every field validated), then written. */
 static int series(Ctx *c, const uint8_t *s, const uint8_t *e)
 {
-    const uint8_t *p = s, *vs, *ve, *md = NULL, *md_end = NULL;
+    const uint8_t *p = s, *vs = NULL, *ve = NULL, *md = NULL, *md_end = NULL;
     uint32_t num;
     int wt;
     size_t nrefs = 0, size = 0, x;
@@ -813,8 +824,8 @@ static int series(Ctx *c, const uint8_t *s, const uint8_t *e)
 
 static int request(Ctx *c, const uint8_t *buf, size_t n)
 {
-    const uint8_t *p = buf, *end = buf + n, *vs, *ve;
-    uint32_t num;
+    const uint8_t *p = buf, *end = buf + n, *vs = NULL, *ve = NULL;
+    uint32_t num = 0;
     int wt;
     size_t nsyms = 0;
     /* first the symbol table: symbols (4) and timeseries (5) may come in any order */
@@ -843,9 +854,10 @@ static int request(Ctx *c, const uint8_t *buf, size_t n)
             return NO;
     }
     if (c->meta_bytes) {
-        if (ensure_out(c, 0) || GROW(g_out, g_out_cap, c->len + c->meta_bytes))
+        size_t meta = c->meta_bytes;
+        c->meta_bytes = 0;
+        if (ensure_out(c, meta))
             return NO;
-        c->out = g_out;
         for (size_t i = 0; i < c->nmeta; i++) {
             write_meta(c, &g_meta[i], c->out + c->len);
             c->len += meta_entry_size(c, &g_meta[i]);
