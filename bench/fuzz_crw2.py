@@ -27,13 +27,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import atheris  # noqa: E402
+import atheris
 
 with atheris.instrument_imports():
-    from relay import protowire, wire_v2  # noqa: E402
+    from relay import protowire, wire_v2
 
-from relay import native  # noqa: E402
-from relay.proto import remote_v2_pb2 as v2pb  # noqa: E402
+from relay import native
+from relay.proto import remote_v2_pb2 as v2pb
 
 _c = native.load("crw2")
 if _c is None:
@@ -50,7 +50,7 @@ def outcome(fn: Any, raw: bytes, max_bytes: int) -> tuple[Any, ...]:
         v1, counts = fn(raw, max_bytes)
     except protowire.WireError as e:
         return ("WireError", e.status, e.message)
-    except Exception as e:  # noqa: BLE001 - the C entry point must raise whatever the reference raises
+    except Exception as e:
         return (type(e).__name__, str(e))
     return ("ok", v1, counts)
 
@@ -126,9 +126,9 @@ def main() -> None:
     rng = random.Random(1)
     for i in range(64):
         (corpus / f"seed{i}").write_bytes(generate(rng))
-    from bench.rw_payload import cluster_series, encode_v2  # the bench payload's shape
-
     import snappy
+
+    from bench.rw_payload import cluster_series, encode_v2  # the bench payload's shape
     (corpus / "bench").write_bytes(snappy.uncompress(encode_v2(cluster_series(1, 68)[:40], 1_700_000_000_000, 1)))
     atheris.Setup([*sys.argv, str(corpus)], one_input, custom_mutator=mutator)
     atheris.Fuzz()

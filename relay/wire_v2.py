@@ -93,7 +93,8 @@ class _Symbols:
 
 
 def py_v2_to_v1(raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, V2Counts]:
-    """The reference (``v2_to_v1`` is its C twin where relay._crw2 is built). Transcode a v2 Request: labels resolved and sorted, metadata as deduplicated MetricMetadata.
+    """Transcode a v2 Request: labels resolved and sorted, metadata as deduplicated MetricMetadata.
+    The reference: ``v2_to_v1`` is its C twin (relay._crw2) where that is built.
 
     WireError(413) as soon as the v1 output would pass ``max_bytes``: a few KB of v2 can reference
     one long symbol thousands of times, so the size is checked series by series, before joining.
