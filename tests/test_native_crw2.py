@@ -14,6 +14,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -406,3 +407,29 @@ def test_arguments_the_c_code_does_not_take_go_to_the_reference() -> None:
     assert wire_v2.v2_to_v1(raw) == wire_v2.py_v2_to_v1(raw)  # the default max_bytes
     assert outcome(wire_v2.v2_to_v1, raw, -1) == outcome(wire_v2.py_v2_to_v1, raw, -1)
     assert _c.transcode(raw, 2**80) == (b"", 0, 0, 0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.permutations(range(1, 41)), st.booleans())
+def test_long_label_sets_in_any_order_are_sorted_as_the_reference_does(order: list[int], duplicate: bool) -> None:
+    """Past 32 labels the C code sorts with qsort (no quadratic insertion sort on hostile input)."""
+    symbols = ["", *(f"n{i:02d}" for i in range(1, 41)), "v"]
+    refs = [r for n in order for r in (n, 41)]
+    if duplicate:
+        refs += [order[0], 0]
+    req = v2pb.Request(symbols=symbols)
+    req.timeseries.add(labels_refs=refs).samples.add(value=1.0, timestamp=1)
+    want, own = check_same(req.SerializeToString())
+    assert want[0] == "ok" and (own is None) == duplicate
+
+
+def test_a_hostile_label_set_of_100000_reversed_labels_takes_no_quadratic_time() -> None:
+    symbols = ["", *(f"{i:06d}" for i in range(100_000))]
+    req = v2pb.Request(symbols=symbols)
+    req.timeseries.add(labels_refs=[r for i in range(100_000, 0, -1) for r in (i, i)])
+    raw = req.SerializeToString()
+    assert _c is not None
+    t = time.perf_counter()
+    own = _c.transcode(raw, DEFAULT)
+    assert time.perf_counter() - t < 2.0  # insertion sort: 5e9 comparisons, minutes
+    assert own is not None and own[0] == wire_v2.py_v2_to_v1(raw)[0]

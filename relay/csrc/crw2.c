@@ -309,6 +309,14 @@ static inline int name_cmp(const Sym *a, const Sym *b)
     return a->len < b->len ? -1 : a->len > b->len ? 1 : 0;
 }
 
+#define SMALL_SET 32
+static const Sym *g_sort_syms; /* qsort's comparator has no context argument */
+
+static int pair_cmp(const void *a, const void *b)
+{
+    return name_cmp(&g_sort_syms[((const Pair *)a)->name], &g_sort_syms[((const Pair *)b)->name]);
+}
+
 /* Writes the Label entries of ``refs`` sorted by name; two equal names: NO (the reference's order
  * for them depends on the values; a rare invalid series, left to it). */
 static int write_labels(const Ctx *c, uint8_t *o, const uint32_t *refs, size_t n, uint8_t **end)
@@ -318,19 +326,29 @@ static int write_labels(const Ctx *c, uint8_t *o, const uint32_t *refs, size_t n
         return NO;
     Pair *pairs = g_pairs;
     const Sym *syms = c->syms;
-    for (size_t i = 0; i < np; i++) {
-        Pair pr = {refs[2 * i], refs[2 * i + 1]};
-        size_t j = i;
-        while (j > 0) {
-            int r = name_cmp(&syms[pairs[j - 1].name], &syms[pr.name]);
-            if (r == 0)
+    if (np > SMALL_SET) { /* O(n log n) for a long label set, then no two names equal */
+        for (size_t i = 0; i < np; i++)
+            pairs[i] = (Pair){refs[2 * i], refs[2 * i + 1]};
+        g_sort_syms = syms;
+        qsort(pairs, np, sizeof(Pair), pair_cmp);
+        for (size_t i = 1; i < np; i++)
+            if (!name_cmp(&syms[pairs[i - 1].name], &syms[pairs[i].name]))
                 return NO;
-            if (r < 0)
-                break;
-            pairs[j] = pairs[j - 1];
-            j--;
+    } else { /* insertion sort: Prometheus sends them sorted already */
+        for (size_t i = 0; i < np; i++) {
+            Pair pr = {refs[2 * i], refs[2 * i + 1]};
+            size_t j = i;
+            while (j > 0) {
+                int r = name_cmp(&syms[pairs[j - 1].name], &syms[pr.name]);
+                if (r == 0)
+                    return NO;
+                if (r < 0)
+                    break;
+                pairs[j] = pairs[j - 1];
+                j--;
+            }
+            pairs[j] = pr;
         }
-        pairs[j] = pr;
     }
     for (size_t i = 0; i < np; i++) {
         const Sym *nm = &syms[pairs[i].name], *v = &syms[pairs[i].value];
@@ -836,7 +854,8 @@ static int request(Ctx *c, const uint8_t *buf, size_t n)
             if (wt != 2)
                 return NO;
             if (num == 4) {
-                if (GROW(g_syms, g_syms_cap, nsyms + 1) || !utf8_ok(vs, (size_t)(ve - vs)))
+                if ((size_t)(ve - vs) > 0xFFFFFFFFu || GROW(g_syms, g_syms_cap, nsyms + 1) ||
+                    !utf8_ok(vs, (size_t)(ve - vs)))
                     return NO;
                 g_syms[nsyms].p = vs;
                 g_syms[nsyms].len = (uint32_t)(ve - vs);
