@@ -12,8 +12,9 @@ MetricMetadata type=1 metric_family_name=2 help=4 unit=5; Exemplar labels=1 valu
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from google.protobuf.message import DecodeError
 
@@ -201,4 +202,10 @@ def _family(name: str, mtype: int) -> str:
 _c = native.load("crw2")
 if _c is not None:
     _c.configure(py_v2_to_v1, V2Counts, DEFAULT_MAX_BYTES)  # what the C code hands unusual requests to
-v2_to_v1: Callable[..., tuple[bytes, V2Counts]] = _c.v2_to_v1 if _c is not None else py_v2_to_v1
+
+
+class Transcoder(Protocol):
+    def __call__(self, raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, V2Counts]: ...
+
+
+v2_to_v1: Transcoder = _c.v2_to_v1 if _c is not None else py_v2_to_v1
