@@ -194,7 +194,8 @@ def ordered_histogram(draw: st.DrawFn) -> bytes:
                 span += f_varint(2, draw(st.integers(0, 3) | st.integers(2**32 - 1, 2**32 + 1)))
             out += f_len(spans_no, span)
         if draw(opt):  # deltas, packed (perhaps empty)
-            out += f_len(spans_no + 1, b"".join(encode_uvarint(v) for v in draw(st.lists(st.integers(0, U64), max_size=2))))
+            deltas = draw(st.lists(st.integers(0, U64), max_size=2))
+            out += f_len(spans_no + 1, b"".join(encode_uvarint(v) for v in deltas))
         if draw(opt):  # counts
             out += f_len(spans_no + 2, b"".join(struct.pack("<Q", b) for b in draw(st.lists(bits64, max_size=2))))
     if draw(opt):
