@@ -173,18 +173,22 @@ def ordered_histogram(draw: st.DrawFn) -> bytes:
     not: the reference's re-serialisation drops them, so the C code must not copy them)."""
     opt = st.booleans()
     out = b""
-    count = draw(st.sampled_from([0, 1, 2]))
-    if count:
-        out += f_varint(1, draw(st.integers(0, U64))) if count == 1 else f_double(2, draw(bits64))
+    count = draw(st.sampled_from([0, 1, 2, 3]))  # 3: both members of the oneof (the last one wins)
+    if count & 1:
+        out += f_varint(1, draw(st.integers(0, U64)))
+    if count & 2:
+        out += f_double(2, draw(bits64))
     if draw(opt):
         out += f_double(3, draw(bits64))
     if draw(opt):
         out += f_varint(4, zigzag32(draw(st.integers(-3, 3) | st.integers(-(2**31), 2**31 - 1))))
     if draw(opt):
         out += f_double(5, draw(bits64))
-    zero = draw(st.sampled_from([0, 6, 7]))
-    if zero:
-        out += f_varint(6, draw(st.integers(0, 9))) if zero == 6 else f_double(7, draw(bits64))
+    zero = draw(st.sampled_from([0, 1, 2, 3]))
+    if zero & 1:
+        out += f_varint(6, draw(st.integers(0, 9)))
+    if zero & 2:
+        out += f_double(7, draw(bits64))
     for spans_no in (8, 11):
         for _ in range(draw(st.integers(0, 2))):
             span = b""
