@@ -2,8 +2,8 @@
 
 Issue 9's payload shape (bench/rw_payload.py: 250 nodes x 252 series = 63,000 series per round, 2,000
 series per request), ``--rounds`` rounds as Remote-Write 2.0. For every request, alternately: the
-reference ``relay.wire_v2.py_v2_to_v1`` and the C ``relay._crw2.v2_to_v1`` (the best of ``--repeat``
-passes each), in us per series. Then what a request costs the relay in process up to its routed
+reference ``relay.wire_v2.py_v2_to_v1`` and the C ``relay._crw2.v2_to_v1`` (the least CPU time of
+``--repeat`` passes each), in us of CPU per series. Then what a request costs the relay in process up to its routed
 series, both versions side by side: snappy + route of the RW 1.0 request, and snappy + v2_to_v1 (C)
 + route of the RW 2.0 one, with a warm decision cache (the steady state: every series known).
 First it checks that every transcoded request is byte for byte the RW 1.0 request of the same
@@ -36,12 +36,12 @@ def keep_all(key: bytes) -> wire.Decision:
 
 
 def best(fn: Callable[[], object], repeat: int) -> float:
-    """Best wall time of ``repeat`` calls, in seconds (the least disturbed by the shared machine)."""
+    """Least CPU time of ``repeat`` calls, in seconds: CPU, not wall, since the machine is shared."""
     out = float("inf")
     for _ in range(repeat):
-        t = time.perf_counter()
+        t = time.process_time()
         fn()
-        out = min(out, time.perf_counter() - t)
+        out = min(out, time.process_time() - t)
     return out
 
 
