@@ -23,8 +23,10 @@
 /* ---- scratch storage, reused across calls --------------------------------------------------- */
 
 typedef struct {
-    const uint8_t *p;
+    const uint8_t *p;  /* the symbol's bytes in the request */
+    const uint8_t *lp; /* its length varint there (minimal: as a v1 string field's) */
     uint32_t len;
+    uint32_t flen; /* length varint + bytes: a v1 string field is one tag byte + these */
 } Sym;
 
 typedef struct {
@@ -237,12 +239,7 @@ typedef struct {
 /* One v1 Label entry's size: tag, length, inner (name field 1, value field 2, empty ones left out). */
 static inline size_t label_inner(const Sym *n, const Sym *v)
 {
-    size_t inner = 0;
-    if (n->len)
-        inner += 1 + vlen(n->len) + n->len;
-    if (v->len)
-        inner += 1 + vlen(v->len) + v->len;
-    return inner;
+    return (n->len ? 1 + (size_t)n->flen : 0) + (v->len ? 1 + (size_t)v->flen : 0);
 }
 
 static inline size_t label_size(const Sym *n, const Sym *v)
@@ -302,6 +299,8 @@ static int labels_size(const Ctx *c, const uint32_t *refs, size_t n, size_t *siz
 
 static inline int name_cmp(const Sym *a, const Sym *b)
 {
+    if (a->len && b->len && a->p[0] != b->p[0]) /* most names differ in their first byte */
+        return a->p[0] < b->p[0] ? -1 : 1;
     size_t m = a->len < b->len ? a->len : b->len;
     int r = m ? memcmp(a->p, b->p, m) : 0;
     if (r)
@@ -352,19 +351,21 @@ static int write_labels(const Ctx *c, uint8_t *o, const uint32_t *refs, size_t n
     }
     for (size_t i = 0; i < np; i++) {
         const Sym *nm = &syms[pairs[i].name], *v = &syms[pairs[i].value];
+        size_t inner = label_inner(nm, v);
         *o++ = 0x0A;
-        o = wr_varint(o, label_inner(nm, v));
+        if (inner < 0x80)
+            *o++ = (uint8_t)inner;
+        else
+            o = wr_varint(o, inner);
         if (nm->len) {
             *o++ = 0x0A;
-            o = wr_varint(o, nm->len);
-            memcpy(o, nm->p, nm->len);
-            o += nm->len;
+            memcpy(o, nm->lp, nm->flen);
+            o += nm->flen;
         }
         if (v->len) {
             *o++ = 0x12;
-            o = wr_varint(o, v->len);
-            memcpy(o, v->p, v->len);
-            o += v->len;
+            memcpy(o, v->lp, v->flen);
+            o += v->flen;
         }
     }
     *end = o;
@@ -854,11 +855,14 @@ static int request(Ctx *c, const uint8_t *buf, size_t n)
             if (wt != 2)
                 return NO;
             if (num == 4) {
-                if ((size_t)(ve - vs) > 0xFFFFFFFFu || GROW(g_syms, g_syms_cap, nsyms + 1) ||
+                if ((size_t)(ve - vs) > 0xFFFFFF00u || GROW(g_syms, g_syms_cap, nsyms + 1) ||
                     !utf8_ok(vs, (size_t)(ve - vs)))
                     return NO;
+                uint32_t len = (uint32_t)(ve - vs);
                 g_syms[nsyms].p = vs;
-                g_syms[nsyms].len = (uint32_t)(ve - vs);
+                g_syms[nsyms].len = len;
+                g_syms[nsyms].lp = vs - vlen(len);
+                g_syms[nsyms].flen = (uint32_t)vlen(len) + len;
                 nsyms++;
             }
         }
