@@ -5,6 +5,9 @@ values go float -> ``struct.pack`` unchanged, so NaN bit patterns (stale markers
 histograms are re-serialised without ``start_timestamp`` (v1 and v2 Histogram share fields 1-16).
 A per-request cache maps each (name ref, value ref) pair to its encoded v1 Label entry, since most
 pairs (Hostname, driver version, job...) repeat across a request's series.
+``v2_to_v1`` is the C twin of this reference (relay/csrc/crw2.c, ``relay._crw2``) where it is built
+and GPU_RELAY_NATIVE does not turn it off: the same bytes and counts; whatever it does not handle
+(any error, an unusual shape) it hands, whole, to ``py_v2_to_v1``, so errors are this code's.
 RW1 fields: TimeSeries labels=1 samples=2 exemplars=3 histograms=4; WriteRequest metadata=3 as
 MetricMetadata type=1 metric_family_name=2 help=4 unit=5; Exemplar labels=1 value=2 timestamp=3.
 """
