@@ -5,6 +5,9 @@ values go float -> ``struct.pack`` unchanged, so NaN bit patterns (stale markers
 histograms are re-serialised without ``start_timestamp`` (v1 and v2 Histogram share fields 1-16).
 A per-request cache maps each (name ref, value ref) pair to its encoded v1 Label entry, since most
 pairs (Hostname, driver version, job...) repeat across a request's series.
+``v2_to_v1`` is the C twin of this reference (relay/csrc/crw2.c, ``relay._crw2``) where it is built
+and GPU_RELAY_NATIVE does not turn it off: the same bytes and counts; whatever it does not handle
+(any error, an unusual shape) it hands, whole, to ``py_v2_to_v1``, so errors are this code's.
 RW1 fields: TimeSeries labels=1 samples=2 exemplars=3 histograms=4; WriteRequest metadata=3 as
 MetricMetadata type=1 metric_family_name=2 help=4 unit=5; Exemplar labels=1 value=2 timestamp=3.
 """
@@ -14,9 +17,11 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from google.protobuf.message import DecodeError
 
+from relay import native
 from relay.proto import remote_v2_pb2 as v2pb
 from relay.protowire import WireError, encode_int64, encode_len, encode_uvarint
 
@@ -91,8 +96,9 @@ class _Symbols:
         return self.text[ref]
 
 
-def v2_to_v1(raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, V2Counts]:
+def py_v2_to_v1(raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, V2Counts]:
     """Transcode a v2 Request: labels resolved and sorted, metadata as deduplicated MetricMetadata.
+    The reference: ``v2_to_v1`` is its C twin (relay._crw2) where that is built.
 
     WireError(413) as soon as the v1 output would pass ``max_bytes``: a few KB of v2 can reference
     one long symbol thousands of times, so the size is checked series by series, before joining.
@@ -194,3 +200,15 @@ def _family(name: str, mtype: int) -> str:
         if name.endswith(suffix) and len(name) > len(suffix):
             return name[: -len(suffix)]
     return name
+
+
+_c = native.load("crw2")
+if _c is not None:
+    _c.configure(py_v2_to_v1, V2Counts, DEFAULT_MAX_BYTES)  # what the C code hands unusual requests to
+
+
+class Transcoder(Protocol):
+    def __call__(self, raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, V2Counts]: ...
+
+
+v2_to_v1: Transcoder = _c.v2_to_v1 if _c is not None else py_v2_to_v1
