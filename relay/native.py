@@ -16,7 +16,7 @@ from types import ModuleType
 log = logging.getLogger(__name__)
 
 ENV = "GPU_RELAY_NATIVE"
-MODULES = ("cwire",)  # the extensions the relay's hot paths use (relay/csrc/<name>.c)
+MODULES = ("cwire", "cstage")  # the extensions the relay's hot paths use (relay/csrc/<name>.c)
 _OFF = {"0", "false", "no", "off"}
 _missing: dict[str, str] = {}
 
