@@ -1,0 +1,125 @@
+"""The relay's per-series stateful pass, C against the pure-Python reference, side by side in one run.
+
+us per series occurrence of ``Pipeline.route`` minus ``wire.route`` (the decode and the decision
+cache lookups, measured inside the same calls and subtracted): what is left is the per-series state
+(the in tracker, and per destination ``DestinationStage.take``: drops, owners, limits, the out
+tracker, sharding into queue pieces). Issue 9's payload (bench/rw_payload.py: 250 nodes x 252 series,
+2,000 series per request), rules "keep4" (keep 4 DCGM names, labeldrop 2 labels) and "passthrough"
+as bench/relay_bench.py; one dry-run destination (no queue), external_labels {cluster}. Two
+pipelines, one on relay._cstage and one on the reference, route every request in turn (CPU time,
+``time.process_time``); the first round (every series new, every label set decided) is reported
+apart from the later ones (series known).
+
+    .venv/bin/python bench/stage_bench.py            # 250 nodes x 6 rounds
+    .venv/bin/python bench/stage_bench.py --quick    # 25 nodes x 4 rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import snappy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.relay_run import KEEP4_RULES
+from bench.rw_payload import ISSUE9_OTHER_PER_NODE, payload
+from relay import cardinality, native, pipeline
+from relay.cardinality import CardinalityMetrics, CSeriesTracker, DestinationStats
+from relay.config import parse_config
+from relay.metrics import RelayMetrics
+from relay.pipeline import Pipeline
+
+SCENARIOS = {"keep4": KEEP4_RULES, "passthrough": ""}
+
+
+def build(rules: str, reference: bool) -> Pipeline:
+    from prometheus_client import CollectorRegistry
+
+    config = parse_config(
+        "storage: {path: /nonexistent}\nexternal_labels: {cluster: prod}\n"
+        "destinations:\n  - name: amp\n    url: http://127.0.0.1:1/api/v1/write\n    dry_run: true\n" + rules)
+    saved = cardinality._NATIVE
+    if reference:
+        cardinality._NATIVE = None
+    try:
+        registry = CollectorRegistry()
+        cm = CardinalityMetrics(registry)
+        stats = [DestinationStats("amp", metrics=cm)]
+        return Pipeline(config, RelayMetrics(registry), stats, [None], cardinality=cm)
+    finally:
+        cardinality._NATIVE = saved
+
+
+class WireTimer:
+    """Wraps ``wire.route`` as the pipeline calls it and adds up its CPU time."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._route: Callable[..., Any] = pipeline.wire.route
+
+    def __call__(self, *args: Any) -> Any:
+        t0 = time.process_time()
+        try:
+            return self._route(*args)
+        finally:
+            self.seconds += time.process_time() - t0
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=250)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--quick", action="store_true", help="25 nodes x 4 rounds")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.nodes, args.rounds = 25, 4
+    if native.load("cstage") is None:
+        print("relay._cstage is not in use (GPU_RELAY_NATIVE=0 or not built): nothing to compare")
+        return 1
+    pl = payload(args.nodes, args.rounds, other_per_node=ISSUE9_OTHER_PER_NODE)
+    bodies = [bytes(snappy.decompress(r)) for r in pl.requests]
+    per_round = len(bodies) // args.rounds
+    n_series = len(pl.series)
+    print(f"per-series pass (Pipeline.route - wire.route), {pl.describe()}")
+    print(f"wire.route here: {'C' if native.load('cwire') else 'Python'}; CPU time, us per series occurrence")
+    header = f"{'rules':<12} {'round':<7} {'Python':>8} {'C':>8} {'ratio':>6}   {'wire.route':>10}"
+    print(header)
+    print("-" * len(header))
+    timer = WireTimer()
+    pipeline.wire.route = timer  # type: ignore[assignment]
+    try:
+        for name, rules in SCENARIOS.items():
+            pipes = {"C": build(rules, False), "Python": build(rules, True)}
+            assert type(pipes["C"].tracker_in) is CSeriesTracker
+            assert type(pipes["Python"].tracker_in) is not CSeriesTracker
+            cost = {k: [0.0, 0.0] for k in pipes}  # [first round, later rounds]: route - wire.route
+            wire_s = [0.0, 0.0]
+            for i, body in enumerate(bodies):
+                later = int(i >= per_round)
+                for k, p in pipes.items():
+                    timer.seconds = 0.0
+                    t0 = time.process_time()
+                    p.route(body)
+                    total = time.process_time() - t0
+                    cost[k][later] += total - timer.seconds
+                    wire_s[later] += timer.seconds / len(pipes)
+            for later, label in ((0, "first"), (1, "later")):
+                occurrences = n_series * (1 if later == 0 else args.rounds - 1)
+                if not occurrences:
+                    continue
+                py, c = (cost[k][later] / occurrences * 1e6 for k in ("Python", "C"))
+                print(f"{name:<12} {label:<7} {py:>5.2f} us {c:>5.2f} us {py / c:>5.1f}x   "
+                      f"{wire_s[later] / occurrences * 1e6:>7.2f} us", flush=True)
+    finally:
+        pipeline.wire.route = timer._route  # type: ignore[assignment]
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
