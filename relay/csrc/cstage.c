@@ -1450,7 +1450,9 @@ static PyObject *lb_bytes(const Lb *lb) {
     return out;
 }
 
+/* a shard's payload, built in place in a bytes object (no copy at the end) */
 typedef struct {
+    PyObject *bytes; /* owned, or NULL */
     char *p;
     size_t len, cap;
 } Buf;
@@ -1458,15 +1460,21 @@ typedef struct {
 static int buf_reserve(Buf *b, size_t more) {
     if (b->len + more <= b->cap)
         return 0;
-    size_t cap = b->cap ? b->cap : 4096;
+    size_t cap = b->cap ? b->cap : 16384;
     while (cap < b->len + more)
         cap *= 2;
-    char *p = PyMem_RawRealloc(b->p, cap);
-    if (p == NULL) {
+    if (cap > (size_t)PY_SSIZE_T_MAX) {
         PyErr_NoMemory();
         return -1;
     }
-    b->p = p;
+    if (b->bytes == NULL) {
+        b->bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)cap);
+        if (b->bytes == NULL)
+            return -1;
+    } else if (_PyBytes_Resize(&b->bytes, (Py_ssize_t)cap) < 0) {
+        return -1; /* (b->bytes is NULL now) */
+    }
+    b->p = PyBytes_AS_STRING(b->bytes);
     b->cap = cap;
     return 0;
 }
@@ -1569,6 +1577,61 @@ static PyObject *call_method(PyObject *obj, const char *name, PyObject *const *a
     return r;
 }
 
+/* entries[j] and inputs[j] as wire.route makes them: 1 and *e, *l filled; 0 unusual */
+static int check_entry(PyObject *entries, PyObject *inputs, Py_ssize_t j, Entry *e, Lb *l) {
+    PyObject *en = PyList_GET_ITEM(entries, j);
+    PyObject *in = PyList_GET_ITEM(inputs, j);
+    if (!PyTuple_CheckExact(en) || PyTuple_GET_SIZE(en) != 4 || !PyTuple_CheckExact(in) || PyTuple_GET_SIZE(in) < 1)
+        return 0;
+    PyObject *d = PyTuple_GET_ITEM(en, 0), *rest = PyTuple_GET_ITEM(en, 1);
+    PyObject *ind = PyTuple_GET_ITEM(in, 0);
+    if (!PyTuple_CheckExact(d) || PyTuple_GET_SIZE(d) != 3 || !PyBytes_CheckExact(PyTuple_GET_ITEM(d, 0))
+        || !PyLong_CheckExact(PyTuple_GET_ITEM(d, 1)) || !PyBytes_CheckExact(rest) || !PyTuple_CheckExact(ind)
+        || PyTuple_GET_SIZE(ind) < 3 || !PyBytes_CheckExact(PyTuple_GET_ITEM(ind, 0))
+        || !PyLong_CheckExact(PyTuple_GET_ITEM(ind, 1)) || !get_i64(PyTuple_GET_ITEM(en, 2), &e->n)
+        || !get_i64(PyTuple_GET_ITEM(en, 3), &e->ts))
+        return 0;
+    PyObject *lb = PyTuple_GET_ITEM(d, 0);
+    if (PyBytes_GET_SIZE(lb) == 0) {
+        e->kind = K_DROP;
+        return 1;
+    }
+    if (!split_id(PyTuple_GET_ITEM(d, 1), e))
+        return 0;
+    if (e->kind != K_SENT)
+        return 1;
+    l->whole = lb;
+    l->a = PyBytes_AS_STRING(lb);
+    l->an = PyBytes_GET_SIZE(lb);
+    l->b = l->c = NULL;
+    l->bn = l->cn = 0;
+    if (e->high > 1) { /* the input key with the external labels' bytes inserted */
+        PyObject *key = PyTuple_GET_ITEM(ind, 0);
+        uint64_t pos = (e->high >> 1) - 1;
+        Py_ssize_t klen = PyBytes_GET_SIZE(key);
+        Py_ssize_t p = pos > (uint64_t)klen ? klen : (Py_ssize_t)pos; /* (slicing clamps) */
+        l->whole = NULL;
+        l->a = PyBytes_AS_STRING(key);
+        l->an = p;
+        l->b = PyBytes_AS_STRING(lb);
+        l->bn = PyBytes_GET_SIZE(lb);
+        l->c = PyBytes_AS_STRING(key) + p;
+        l->cn = klen - p;
+    }
+    return 1;
+}
+
+/* every entry from j on is usual (before the first effect) */
+static int check_rest(PyObject *entries, PyObject *inputs, Py_ssize_t j, Py_ssize_t n) {
+    for (; j < n; j++) {
+        Entry e;
+        Lb l;
+        if (!check_entry(entries, inputs, j, &e, &l))
+            return 0;
+    }
+    return 1;
+}
+
 static PyObject *take(PyObject *module, PyObject *args) {
     PyObject *stage, *entries, *inputs, *new_in, *in_active, *labels_of, *tracker_obj;
     long long gen;
@@ -1584,8 +1647,6 @@ static PyObject *take(PyObject *module, PyObject *args) {
 
     PyObject *shards_o = NULL, *limiter = NULL, *owners = NULL, *owners_dict = NULL, *contains_fn = NULL;
     PyObject *ext_o = NULL, *result = NULL, *pieces = NULL, *drops_out = NULL;
-    Entry *es = NULL;
-    Lb *lbs = NULL;
     uint8_t *is_new = NULL;
     Buf *bufs = NULL;
     int64_t *counts = NULL, *oldest = NULL;
@@ -1594,64 +1655,15 @@ static PyObject *take(PyObject *module, PyObject *args) {
     Py_ssize_t shards = 0;
     int64_t kept = 0, routed = 0;
 
-    /* the whole request is checked first: anything unusual goes to the reference, before any effect */
-    es = PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof(Entry));
-    lbs = PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof(Lb));
+    /* Entries are checked as the loop reaches them; before the first call back into Python (an
+     * effect) every later entry is checked too: anything unusual goes to the reference, before any
+     * effect. */
     is_new = PyMem_RawCalloc((size_t)(n ? n : 1), 1);
-    if (es == NULL || lbs == NULL || is_new == NULL) {
+    if (is_new == NULL) {
         PyErr_NoMemory();
         goto fail;
     }
     int unusual = 0;
-    for (Py_ssize_t j = 0; j < n && !unusual; j++) {
-        PyObject *e = PyList_GET_ITEM(entries, j);
-        PyObject *in = PyList_GET_ITEM(inputs, j);
-        if (!PyTuple_CheckExact(e) || PyTuple_GET_SIZE(e) != 4 || !PyTuple_CheckExact(in)
-            || PyTuple_GET_SIZE(in) < 1) {
-            unusual = 1;
-            break;
-        }
-        PyObject *d = PyTuple_GET_ITEM(e, 0), *rest = PyTuple_GET_ITEM(e, 1);
-        PyObject *ind = PyTuple_GET_ITEM(in, 0);
-        if (!PyTuple_CheckExact(d) || PyTuple_GET_SIZE(d) != 3 || !PyBytes_CheckExact(PyTuple_GET_ITEM(d, 0))
-            || !PyLong_CheckExact(PyTuple_GET_ITEM(d, 1)) || !PyBytes_CheckExact(rest)
-            || !PyTuple_CheckExact(ind) || PyTuple_GET_SIZE(ind) < 3 || !PyBytes_CheckExact(PyTuple_GET_ITEM(ind, 0))
-            || !PyLong_CheckExact(PyTuple_GET_ITEM(ind, 1))
-            || !get_i64(PyTuple_GET_ITEM(e, 2), &es[j].n) || !get_i64(PyTuple_GET_ITEM(e, 3), &es[j].ts)) {
-            unusual = 1;
-            break;
-        }
-        PyObject *lb = PyTuple_GET_ITEM(d, 0);
-        if (PyBytes_GET_SIZE(lb) == 0) {
-            es[j].kind = K_DROP;
-            continue;
-        }
-        if (!split_id(PyTuple_GET_ITEM(d, 1), &es[j])) {
-            unusual = 1;
-            break;
-        }
-        if (es[j].kind != K_SENT)
-            continue;
-        Lb *l = &lbs[j];
-        l->whole = lb;
-        l->a = PyBytes_AS_STRING(lb);
-        l->an = PyBytes_GET_SIZE(lb);
-        l->b = l->c = NULL;
-        l->bn = l->cn = 0;
-        if (es[j].high > 1) { /* the input key with the external labels' bytes inserted */
-            PyObject *key = PyTuple_GET_ITEM(ind, 0);
-            uint64_t pos = (es[j].high >> 1) - 1;
-            Py_ssize_t klen = PyBytes_GET_SIZE(key);
-            Py_ssize_t p = pos > (uint64_t)klen ? klen : (Py_ssize_t)pos; /* (slicing clamps) */
-            l->whole = NULL;
-            l->a = PyBytes_AS_STRING(key);
-            l->an = p;
-            l->b = PyBytes_AS_STRING(lb);
-            l->bn = PyBytes_GET_SIZE(lb);
-            l->c = PyBytes_AS_STRING(key) + p;
-            l->cn = klen - p;
-        }
-    }
     if (unusual)
         goto not_implemented;
     if (PySet_GET_SIZE(new_in)) {
@@ -1698,8 +1710,26 @@ static PyObject *take(PyObject *module, PyObject *args) {
         goto fail;
     }
 
+    int checked = 0; /* every entry checked: effects may happen */
+#define BEFORE_EFFECT()                                                                            \
+    do {                                                                                           \
+        if (!checked) {                                                                            \
+            if (!check_rest(entries, inputs, j + 1, n))                                            \
+                goto not_implemented;                                                              \
+            checked = 1;                                                                           \
+        }                                                                                          \
+    } while (0)
     for (Py_ssize_t j = 0; j < n; j++) {
-        Entry *e = &es[j];
+        Entry ent;
+        Lb lbv;
+        Entry *e = &ent;
+        if (!check_entry(entries, inputs, j, e, &lbv)) {
+            if (checked) { /* (cannot be: checked before the first effect) */
+                PyErr_SetString(PyExc_SystemError, "take: an entry changed under the loop");
+                goto fail;
+            }
+            goto not_implemented;
+        }
         PyObject *d = PyTuple_GET_ITEM(PyList_GET_ITEM(entries, j), 0);
         PyObject *metric = PyTuple_GET_ITEM(d, 2);
         routed += e->n;
@@ -1710,6 +1740,7 @@ static PyObject *take(PyObject *module, PyObject *args) {
         }
         PyObject *in_id = PyTuple_GET_ITEM(input_decision(inputs, j), 1);
         if (e->kind == K_AGG) {
+            BEFORE_EFFECT();
             PyObject *argv[] = {stage, d, PyTuple_GET_ITEM(PyList_GET_ITEM(entries, j), 1),
                                 PyTuple_GET_ITEM(PyList_GET_ITEM(entries, j), 2), in_id};
             PyObject *r = call_method(stage, "_aggregate", argv + 1, 4);
@@ -1729,7 +1760,7 @@ static PyObject *take(PyObject *module, PyObject *args) {
             continue;
         }
         /* a series sent: its output's owner first */
-        Lb *l = &lbs[j];
+        Lb *l = &lbv;
         int ok;
         int claim = (int)(e->high & 1);
         if (!claim && PyDict_GET_SIZE(owners_dict) == 0) {
@@ -1755,6 +1786,7 @@ static PyObject *take(PyObject *module, PyObject *args) {
                 ok = eq;
             }
             if (!ok) { /* a change of owner, or a refusal: the reference decides */
+                BEFORE_EFFECT();
                 PyObject *r;
                 if (claim) {
                     if (contains_fn == NULL) {
@@ -1788,6 +1820,7 @@ static PyObject *take(PyObject *module, PyObject *args) {
             Py_DECREF(sid);
         }
         if (!ok) {
+            BEFORE_EFFECT();
             if (drops_add(&drops, S_collision, e->n, is_new[j]) < 0)
                 goto fail;
             PyObject *lb = lb_bytes(l);
@@ -1817,6 +1850,7 @@ static PyObject *take(PyObject *module, PyObject *args) {
             seen.s[seen.n].lb = *l;
             seen.n++;
         } else {
+            BEFORE_EFFECT();
             PyObject *sid = PyLong_FromUnsignedLongLong(e->low);
             PyObject *lb = sid ? lb_bytes(l) : NULL;
             if (lb == NULL) {
@@ -1869,6 +1903,7 @@ static PyObject *take(PyObject *module, PyObject *args) {
             oldest[shard] = e->ts;
         kept += e->n;
     }
+#undef BEFORE_EFFECT
     if (seen.n) {
         ItemSource src = {seen.n, seen_get, seen_labels, &seen, NULL, labels_of};
         PyObject *r = observe_source(tracker, &src, gen);
@@ -1883,8 +1918,9 @@ static PyObject *take(PyObject *module, PyObject *args) {
     for (Py_ssize_t s = 0; s < shards; s++) {
         if (!counts[s])
             continue;
-        PyObject *payload = PyBytes_FromStringAndSize(bufs[s].p, (Py_ssize_t)bufs[s].len);
-        PyObject *piece = payload ? Py_BuildValue("(nNLL)", s, payload, (long long)counts[s], (long long)oldest[s]) : NULL;
+        if (_PyBytes_Resize(&bufs[s].bytes, (Py_ssize_t)bufs[s].len) < 0)
+            goto fail;
+        PyObject *piece = Py_BuildValue("(nOLL)", s, bufs[s].bytes, (long long)counts[s], (long long)oldest[s]);
         if (piece == NULL || PyList_Append(pieces, piece) < 0) {
             Py_XDECREF(piece);
             goto fail;
@@ -1918,12 +1954,10 @@ done:
     Py_XDECREF(ext_o);
     if (bufs != NULL)
         for (Py_ssize_t s = 0; s < shards; s++)
-            PyMem_RawFree(bufs[s].p);
+            Py_XDECREF(bufs[s].bytes);
     PyMem_RawFree(bufs);
     PyMem_RawFree(counts);
     PyMem_RawFree(oldest);
-    PyMem_RawFree(es);
-    PyMem_RawFree(lbs);
     PyMem_RawFree(is_new);
     PyMem_RawFree(drops.d);
     PyMem_RawFree(seen.s);
