@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.relay_run import KEEP4_RULES
 from bench.rw_payload import ISSUE9_OTHER_PER_NODE, payload
-from relay import cardinality, native, pipeline
+from relay import cardinality, native, wire
 from relay.cardinality import CardinalityMetrics, CSeriesTracker, DestinationStats
 from relay.config import parse_config
 from relay.metrics import RelayMetrics
@@ -61,7 +61,7 @@ class WireTimer:
 
     def __init__(self) -> None:
         self.seconds = 0.0
-        self._route: Callable[..., Any] = pipeline.wire.route
+        self._route: Callable[..., Any] = wire.route
 
     def __call__(self, *args: Any) -> Any:
         t0 = time.process_time()
@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
     print(header)
     print("-" * len(header))
     timer = WireTimer()
-    pipeline.wire.route = timer  # type: ignore[assignment]
+    wire.route = timer  # type: ignore[assignment]
     try:
         for name, rules in SCENARIOS.items():
             pipes = {"C": build(rules, False), "Python": build(rules, True)}
@@ -117,7 +117,7 @@ def main(argv: list[str]) -> int:
                 print(f"{name:<12} {label:<7} {py:>5.2f} us {c:>5.2f} us {py / c:>5.1f}x   "
                       f"{wire_s[later] / occurrences * 1e6:>7.2f} us", flush=True)
     finally:
-        pipeline.wire.route = timer._route  # type: ignore[assignment]
+        wire.route = timer._route
     return 0
 
 

@@ -10,7 +10,7 @@ the extension is built; skipped only when the native core is off (GPU_RELAY_NATI
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -197,12 +197,10 @@ def test_tracker_matches_the_reference(ops: list[tuple[Any, ...]], max_values: i
                 _, sid, metric, with_labels = op
                 log.append(t.observe(sid, metric, _labels(sid, metric) if with_labels else None))
             elif op[0] == "batch":
-                items = op[1]
-                log.append(t.observe_batch(items, lambda i, log=log, items=items: (
-                    log.append(i), _labels(items[i][0], items[i][1]))[1]))
+                log.append(t.observe_batch(op[1], _asking(log, op[1])))
             elif op[0] == "inputs":
                 inputs = [((_key(sid, m), sid, m), b"", 1, 0) for sid, m in op[1]]
-                log.append(t.observe_inputs(inputs, lambda key, log=log: (log.append(key), _unkey(key))[1]))
+                log.append(t.observe_inputs(inputs, _asking_key(log)))
             elif op[0] == "many":
                 t.observe_many(list(op[1]))
             elif op[0] == "expire":
@@ -211,6 +209,21 @@ def test_tracker_matches_the_reference(ops: list[tuple[Any, ...]], max_values: i
                 clock.t += op[1]
         assert asked[0] == asked[1], op
         assert _report(c, ids) == _report(p, ids), op
+
+
+def _asking(log: list[Any], items: list[tuple[int, str]]) -> Callable[[int], Labels]:
+    """labels_of for observe_batch that records which items were asked for."""
+    def labels_of(i: int) -> Labels:
+        log.append(i)
+        return _labels(items[i][0], items[i][1])
+    return labels_of
+
+
+def _asking_key(log: list[Any]) -> Callable[[bytes], Labels]:
+    def labels_of(key: bytes) -> Labels:
+        log.append(key)
+        return _unkey(key)
+    return labels_of
 
 
 def _key(sid: int, metric: str) -> bytes:
@@ -404,7 +417,7 @@ def test_take_hands_an_unusual_input_to_the_reference() -> None:
     p, _ = _pipeline(CONFIGS["pass-through+limits"], clock)
     stage = p.stages[0]
     tracker = stage.stats.tracker_out
-    assert _c is not None
+    assert _c is not None and isinstance(tracker, CSeriesTracker)
     key = wire.encode_labels((("__name__", "m_a"), ("gpu", "0")))
     decision = (key, wire.series_id(key), "m_a")
     entries: list[Any] = [[decision, b"", 1, 5]]  # a list, not a tuple
