@@ -10,6 +10,8 @@ then a second round over the same series (us per known series); times are CPU ti
     .venv/bin/python bench/pipeline_memory_bench.py                 # 100k and 1M series, every row
     .venv/bin/python bench/pipeline_memory_bench.py 100000          # other sizes
     .venv/bin/python bench/pipeline_memory_bench.py 1000000 --rows pass-through:default,pass-through:none
+    .venv/bin/python bench/pipeline_memory_bench.py 5000000 --rows pass-through:default --first-only
+``--first-only`` skips the second round (memory is measured after the first; "known" shows 0).
 
 Cache budgets per row: ``default`` (relay.pipeline.DEFAULT_CACHE_MAX_BYTES), ``none`` (0: state only,
 every occurrence re-decided), ``unbounded`` (every series cached, what a relay without a budget costs).
@@ -66,7 +68,7 @@ def _series(i: int, metrics: list[str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(labels.items()))
 
 
-def measure(n: int, config_name: str, cache: str) -> dict[str, Any]:
+def measure(n: int, config_name: str, cache: str, known_round: bool = True) -> dict[str, Any]:
     """Runs inside the child process."""
     sys.path.insert(0, str(ROOT))
     from prometheus_client import CollectorRegistry
@@ -108,7 +110,7 @@ def measure(n: int, config_name: str, cache: str) -> dict[str, Any]:
     gc.collect()
     after = rss_bytes()
     known_s = 0.0
-    for start in range(0, n, PER_REQUEST):
+    for start in range(0, n if known_round else 0, PER_REQUEST):
         body = request(start, t_base + 15_000)
         t0 = time.process_time()
         p.route(body)
@@ -131,9 +133,10 @@ def measure(n: int, config_name: str, cache: str) -> dict[str, Any]:
     }
 
 
-def run_child(n: int, config_name: str, cache: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, __file__, "--child", str(n), config_name, cache], check=True,
-                         capture_output=True, text=True, timeout=1800)
+def run_child(n: int, config_name: str, cache: str, known_round: bool = True) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, __file__, "--child", str(n), config_name, cache,
+                          "known" if known_round else "first"], check=True,
+                         capture_output=True, text=True, timeout=3600)
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
@@ -144,8 +147,10 @@ def _per(total: int, n: int) -> str:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--child"]:
-        print(json.dumps(measure(int(argv[1]), argv[2], argv[3])))
+        print(json.dumps(measure(int(argv[1]), argv[2], argv[3], argv[4:5] != ["first"])))
         return 0
+    known_round = "--first-only" not in argv
+    argv = [a for a in argv if a != "--first-only"]
     rows = [(c, k) for c in CONFIGS for k in ("default", "none", "unbounded")]
     if "--rows" in argv:
         i = argv.index("--rows")
@@ -166,7 +171,7 @@ def main(argv: list[str]) -> int:
     print("-" * len(header))
     for n in sizes:
         for config_name, cache in rows:
-            r = run_child(n, config_name, cache)
+            r = run_child(n, config_name, cache, known_round)
             print(f"{n:>9,}  {config_name:<12} {cache:<9} {r['rss_delta'] / n:>8.0f}  "
                   f"{r['rss_delta'] / 2**20:>5.0f} MiB  {r['first_us']:>5.1f} us  {r['known_us']:>4.1f} us  "
                   f"{r['cache_entries']:>9,}  {r['in']:>9,}  {r['out']:>9,}  {r['owners']:>9,}  "
