@@ -56,19 +56,30 @@ def build(rules: str, reference: bool) -> Pipeline:
         cardinality._NATIVE = saved
 
 
-class WireTimer:
-    """Wraps ``wire.route`` as the pipeline calls it and adds up its CPU time."""
+class Timer:
+    """Wraps a function (``wire.route`` as the pipeline calls it, a tracker's or stage's method) and
+    adds up its CPU time."""
 
-    def __init__(self) -> None:
+    def __init__(self, fn: Callable[..., Any]) -> None:
         self.seconds = 0.0
-        self._route: Callable[..., Any] = wire.route
+        self.fn = fn
 
     def __call__(self, *args: Any) -> Any:
         t0 = time.process_time()
         try:
-            return self._route(*args)
+            return self.fn(*args)
         finally:
             self.seconds += time.process_time() - t0
+
+
+def time_state(p: Pipeline) -> list[Timer]:
+    """Timers on the per-series state calls of ``p``: the in tracker's observe_inputs, each take."""
+    timers = [Timer(p.tracker_in.observe_inputs)]
+    p.tracker_in.observe_inputs = timers[0]  # type: ignore[method-assign,assignment]
+    for stage in p.stages:
+        timers.append(Timer(stage.take))
+        stage.take = timers[-1]  # type: ignore[method-assign,assignment]
+    return timers
 
 
 def main(argv: list[str]) -> int:
@@ -88,14 +99,19 @@ def main(argv: list[str]) -> int:
     n_series = len(pl.series)
     print(f"per-series pass (Pipeline.route - wire.route), {pl.describe()}")
     print(f"wire.route here: {'C' if native.load('cwire') else 'Python'}; CPU time, us per series occurrence")
-    header = f"{'rules':<12} {'round':<7} {'Python':>8} {'C':>8} {'ratio':>6}   {'wire.route':>10}"
+    print("state: the part of it in the in tracker's observe_inputs and DestinationStage.take (the rest:")
+    print("the pipeline's own per-request work, freeing wire.route's output, the garbage collector)")
+    header = (f"{'rules':<12} {'round':<7} {'Python':>8} {'C':>8} {'ratio':>6}   {'state: Python':>13} {'C':>8} "
+              f"{'ratio':>6}   {'wire.route':>10}")
     print(header)
     print("-" * len(header))
-    timer = WireTimer()
+    timer = Timer(wire.route)
     wire.route = timer  # type: ignore[assignment]
     try:
         for name, rules in SCENARIOS.items():
             pipes = {"C": build(rules, False), "Python": build(rules, True)}
+            timers = {k: time_state(p) for k, p in pipes.items()}
+            state = {k: [0.0, 0.0] for k in pipes}
             assert type(pipes["C"].tracker_in) is CSeriesTracker
             assert type(pipes["Python"].tracker_in) is not CSeriesTracker
             cost = {k: [0.0, 0.0] for k in pipes}  # [first round, later rounds]: route - wire.route
@@ -104,20 +120,24 @@ def main(argv: list[str]) -> int:
                 later = int(i >= per_round)
                 for k, p in pipes.items():
                     timer.seconds = 0.0
+                    for t in timers[k]:
+                        t.seconds = 0.0
                     t0 = time.process_time()
                     p.route(body)
                     total = time.process_time() - t0
                     cost[k][later] += total - timer.seconds
+                    state[k][later] += sum(t.seconds for t in timers[k])
                     wire_s[later] += timer.seconds / len(pipes)
             for later, label in ((0, "first"), (1, "later")):
                 occurrences = n_series * (1 if later == 0 else args.rounds - 1)
                 if not occurrences:
                     continue
                 py, c = (cost[k][later] / occurrences * 1e6 for k in ("Python", "C"))
-                print(f"{name:<12} {label:<7} {py:>5.2f} us {c:>5.2f} us {py / c:>5.1f}x   "
-                      f"{wire_s[later] / occurrences * 1e6:>7.2f} us", flush=True)
+                spy, sc = (state[k][later] / occurrences * 1e6 for k in ("Python", "C"))
+                print(f"{name:<12} {label:<7} {py:>5.2f} us {c:>5.2f} us {py / c:>5.1f}x   {spy:>10.2f} us "
+                      f"{sc:>5.2f} us {spy / sc:>5.1f}x   {wire_s[later] / occurrences * 1e6:>7.2f} us", flush=True)
     finally:
-        wire.route = timer._route
+        wire.route = timer.fn
     return 0
 
 
