@@ -12,11 +12,17 @@ apart from the later ones (series known).
 
     .venv/bin/python bench/stage_bench.py            # 250 nodes x 6 rounds
     .venv/bin/python bench/stage_bench.py --quick    # 25 nodes x 4 rounds
+
+A second table times the two state calls directly, on one request of known series routed again and
+again (the best of 30 tries of 5 calls, wall clock): on a shared machine the minimum is what the code
+costs, the sums above include whatever the neighbours did to the caches.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import sys
 import time
 from collections.abc import Callable
@@ -82,6 +88,41 @@ def time_state(p: Pipeline) -> list[Timer]:
     return timers
 
 
+def direct(bodies: list[bytes], tries: int = 30, calls: int = 5) -> None:
+    """ns per series of observe_inputs and take called directly, C and Python, best of ``tries``."""
+    print(f"direct calls on one request of known series, ns per series (best of {tries} x {calls} calls)")
+    gc.collect()
+    gc.freeze()
+    header = f"{'rules':<12} {'call':<15} {'Python':>9} {'C':>8} {'ratio':>6}"
+    print(header)
+    print("-" * len(header))
+    for name, rules in SCENARIOS.items():
+        best: dict[str, list[float]] = {}
+        for impl in ("Python", "C"):
+            p = build(rules, impl == "Python")
+            for body in bodies:
+                p.route(body)
+            cache = p.cache
+            routed = wire.route(bodies[0], 2, cache.young, functools.partial(cache.miss, decide=p.decide))
+            inputs, entries = routed.per_dest[0], routed.per_dest[1]
+            stage, has = p.stages[0], p.tracker_in.has()
+            b = best[impl] = [float("inf"), float("inf")]
+            for _ in range(tries):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    p.tracker_in.observe_inputs(inputs, p._labels)
+                t1 = time.perf_counter()
+                for _ in range(calls):
+                    stage.take(entries, inputs, set(), has, p._labels)
+                t2 = time.perf_counter()
+                b[0] = min(b[0], (t1 - t0) / calls / len(inputs) * 1e9)
+                b[1] = min(b[1], (t2 - t1) / calls / len(inputs) * 1e9)
+        for k, call in enumerate(("observe_inputs", "take")):
+            py, c = best["Python"][k], best["C"][k]
+            print(f"{name:<12} {call:<15} {py:>6.0f} ns {c:>5.0f} ns {py / c:>5.1f}x", flush=True)
+    gc.unfreeze()
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=250)
@@ -138,6 +179,8 @@ def main(argv: list[str]) -> int:
                       f"{sc:>5.2f} us {spy / sc:>5.1f}x   {wire_s[later] / occurrences * 1e6:>7.2f} us", flush=True)
     finally:
         wire.route = timer.fn
+    print()
+    direct(bodies[:per_round])
     return 0
 
 
