@@ -495,3 +495,15 @@ def test_a_long_random_run_hits_every_branch_and_matches(name: str) -> None:
         "aggregate+two-destinations": {"aggregated", "rules", "collision"},
     }[name]
     assert expected <= reasons, reasons
+
+
+def test_tracker_tables_cost_at_most_48_bytes_a_series_with_their_label_values() -> None:
+    """Issue 9's memory goal: the C tables of one tracker, series and label statistics together
+    (one value unique per series, two shared), stay within 48 bytes a series; the dict reference
+    costs several times that."""
+    n = 50_000
+    t = CSeriesTracker(3600.0, Clock())
+    t.observe_batch([(i * 0x9E3779B97F4A7C15 & U64, "m") for i in range(n)],
+                    lambda i: (("__name__", "m"), ("gpu", str(i % 8)), ("node", f"n{i // 8}"), ("uid", f"u{i}")))
+    assert t.active() == n and t.top_labels(3, "m") == [("uid", n), ("node", n // 8), ("gpu", 8)]
+    assert t.table_bytes() / n <= 48, t.table_bytes() / n
