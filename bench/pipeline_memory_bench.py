@@ -10,9 +10,16 @@ then a second round over the same series (us per known series); times are CPU ti
     .venv/bin/python bench/pipeline_memory_bench.py                 # 100k and 1M series, every row
     .venv/bin/python bench/pipeline_memory_bench.py 100000          # other sizes
     .venv/bin/python bench/pipeline_memory_bench.py 1000000 --rows pass-through:default,pass-through:none
+    .venv/bin/python bench/pipeline_memory_bench.py 5000000 --rows pass-through:default --first-only
+``--first-only`` skips the second round (memory is measured after the first; "known" shows 0).
 
 Cache budgets per row: ``default`` (relay.pipeline.DEFAULT_CACHE_MAX_BYTES), ``none`` (0: state only,
 every occurrence re-decided), ``unbounded`` (every series cached, what a relay without a budget costs).
+
+Columns ``tables`` (bytes of the trackers' C tables, relay._cstage, per series; "-" for the Python
+reference) and ``cache est`` (the decision cache's own estimate of its bytes, per series) break the
+RSS figure down. The header says whether the native core was in use (``GPU_RELAY_NATIVE=0``: the
+reference).
 """
 
 from __future__ import annotations
@@ -61,7 +68,7 @@ def _series(i: int, metrics: list[str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(labels.items()))
 
 
-def measure(n: int, config_name: str, cache: str) -> dict[str, Any]:
+def measure(n: int, config_name: str, cache: str, known_round: bool = True) -> dict[str, Any]:
     """Runs inside the child process."""
     sys.path.insert(0, str(ROOT))
     from prometheus_client import CollectorRegistry
@@ -103,11 +110,14 @@ def measure(n: int, config_name: str, cache: str) -> dict[str, Any]:
     gc.collect()
     after = rss_bytes()
     known_s = 0.0
-    for start in range(0, n, PER_REQUEST):
+    for start in range(0, n if known_round else 0, PER_REQUEST):
         body = request(start, t_base + 15_000)
         t0 = time.process_time()
         p.route(body)
         known_s += time.process_time() - t0
+    trackers = [p.tracker_in] + [s.stats.tracker_out for s in getattr(p, "stages", [])]
+    tables = sum(t.table_bytes() for t in trackers if hasattr(t, "table_bytes"))
+    cache_est = p.cache_bytes() if hasattr(p, "cache_bytes") else 0
     if hasattr(p, "state_sizes"):
         sizes = p.state_sizes()
         cached = p.cache_entries()
@@ -119,20 +129,28 @@ def measure(n: int, config_name: str, cache: str) -> dict[str, Any]:
         "n": n, "config": config_name, "cache": cache, "rss_delta": after - before,
         "first_us": first_s / n * 1e6, "known_us": known_s / n * 1e6, "cache_entries": cached,
         "in": sizes["in"], "out": sizes["out:amp"], "owners": sizes["collision_owners:amp"],
+        "tables": tables, "cache_est": cache_est,
     }
 
 
-def run_child(n: int, config_name: str, cache: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, __file__, "--child", str(n), config_name, cache], check=True,
-                         capture_output=True, text=True, timeout=1800)
+def run_child(n: int, config_name: str, cache: str, known_round: bool = True) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, __file__, "--child", str(n), config_name, cache,
+                          "known" if known_round else "first"], check=True,
+                         capture_output=True, text=True, timeout=3600)
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
 
+def _per(total: int, n: int) -> str:
+    return f"{total / n:.0f}" if total else "-"
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--child"]:
-        print(json.dumps(measure(int(argv[1]), argv[2], argv[3])))
+        print(json.dumps(measure(int(argv[1]), argv[2], argv[3], argv[4:5] != ["first"])))
         return 0
+    known_round = "--first-only" not in argv
+    argv = [a for a in argv if a != "--first-only"]
     rows = [(c, k) for c in CONFIGS for k in ("default", "none", "unbounded")]
     if "--rows" in argv:
         i = argv.index("--rows")
@@ -140,18 +158,24 @@ def main(argv: list[str]) -> int:
         argv = argv[:i] + argv[i + 2:]
     sizes = [int(a) for a in argv] or [100_000, 1_000_000]
     header = (f"{'series':>9}  {'rules':<12} {'cache':<9} {'B/series':>8}  {'RSS delta':>9}  {'first':>8}  "
-              f"{'known':>7}  {'cached':>9}  {'in':>9}  {'out':>9}  {'owners':>9}")
+              f"{'known':>7}  {'cached':>9}  {'in':>9}  {'out':>9}  {'owners':>9}  {'tables':>6}  {'cache est':>9}")
+    sys.path.insert(0, str(ROOT))
+    from relay import native
+
+    core = "relay._cstage (C tables)" if native.load("cstage") is not None else "pure-Python reference"
     print("gpu-relay pipeline (route: decode, rules, accounting, limits, collisions; one dry-run destination,")
     print("external_labels {cluster}), dcgm-like series of ~330 label bytes. B/series: RSS delta after one round")
     print("over N distinct series / N. first / known: us per series on the first / second round.")
+    print(f"per-series state: {core}; tables, cache est: bytes per series of the C tables / the cache's estimate")
     print(header)
     print("-" * len(header))
     for n in sizes:
         for config_name, cache in rows:
-            r = run_child(n, config_name, cache)
+            r = run_child(n, config_name, cache, known_round)
             print(f"{n:>9,}  {config_name:<12} {cache:<9} {r['rss_delta'] / n:>8.0f}  "
                   f"{r['rss_delta'] / 2**20:>5.0f} MiB  {r['first_us']:>5.1f} us  {r['known_us']:>4.1f} us  "
-                  f"{r['cache_entries']:>9,}  {r['in']:>9,}  {r['out']:>9,}  {r['owners']:>9,}", flush=True)
+                  f"{r['cache_entries']:>9,}  {r['in']:>9,}  {r['out']:>9,}  {r['owners']:>9,}  "
+                  f"{_per(r.get('tables', 0), n):>6}  {_per(r.get('cache_est', 0), n):>9}", flush=True)
     return 0
 
 

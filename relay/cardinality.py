@@ -17,6 +17,12 @@ labels when it is new and again every half window, so label statistics stay exac
 series too, without decoding labels on every occurrence.
 At most ``max_values`` values per (metric, label) are tracked; :meth:`capped_labels` names those
 that hit the cap (their counts are then lower bounds).
+
+Native (issue 9): ``SeriesTracker(...)`` builds a :class:`CSeriesTracker` when ``relay._cstage`` is
+built and not turned off (``GPU_RELAY_NATIVE=0``): the same state in C tables (12 bytes a series in
+an open addressing table ``id -> shared slot``, 12 bytes a label value), the same results for every
+public method. :class:`PySeriesTracker` is always this module's dict reference. Series ids are
+64-bit (``0 <= id < 2**64``) in both.
 """
 
 from __future__ import annotations
@@ -29,12 +35,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from relay import native
 from relay.labels import METRIC_NAME, Labels
 
 if TYPE_CHECKING:
     from relay.cost import PriceTable
 
 _VALUE_MASK = (1 << 60) - 1  # label values are kept as 60-bit hashes (32-byte ints)
+
+_NATIVE = native.load("cstage")
 
 # gpu_relay_series_limit_dropped_total{metric}: the first names refused keep their own label (a
 # counter cannot move between labels), every later one counts under metric="other".
@@ -53,7 +62,15 @@ class _Slot:
 
 
 class SeriesTracker:
-    """Active series of one destination and direction, keyed by a 64-bit series hash."""
+    """Active series of one destination and direction, keyed by a 64-bit series hash.
+
+    This class is the dict reference; constructing it gives the C twin :class:`CSeriesTracker`
+    where the native core is in use."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> SeriesTracker:
+        if cls is SeriesTracker and _NATIVE is not None:
+            cls = CSeriesTracker
+        return super().__new__(cls)
 
     def __init__(self, window_s: float = 3600.0, clock: Callable[[], float] = time.monotonic, *,
                  slots: int = 60, max_values: int = 100_000) -> None:
@@ -136,6 +153,12 @@ class SeriesTracker:
         if len(series) > self._peak:
             self._peak = len(series)
         return new
+
+    def observe_inputs(self, inputs: Sequence[tuple[tuple[bytes, int, str], Any, Any, Any]],
+                       labels_of: Callable[[bytes], Labels]) -> list[int]:
+        """``observe_batch`` of a request's input entries (``wire.route``'s ``per_dest[0]``: each
+        ``((key, id, metric), rest, n, ts)``); ``labels_of(key)`` gives a series' labels."""
+        return self.observe_batch([(e[0][1], e[0][2]) for e in inputs], lambda i: labels_of(inputs[i][0][0]))
 
     def has(self) -> Callable[[int], bool]:
         """Membership test over the series kept (active, or expired but not swept yet), at C speed."""
@@ -257,6 +280,78 @@ class SeriesTracker:
                     del per_name[name]
             if not per_name:
                 del self._values[metric]
+
+
+class PySeriesTracker(SeriesTracker):
+    """The dict reference, whatever the native switch says (differential tests)."""
+
+
+class CSeriesTracker(SeriesTracker):
+    """:class:`SeriesTracker` with its state in ``relay._cstage.Tracker`` (C tables); this wrapper
+    reads the clock and hands the time slot in. Same results as the reference for every method."""
+
+    def __init__(self, window_s: float = 3600.0, clock: Callable[[], float] = time.monotonic, *,
+                 slots: int = 60, max_values: int = 100_000) -> None:
+        super().__init__(window_s, clock, slots=slots, max_values=max_values)
+        if _NATIVE is None:
+            raise RuntimeError("relay._cstage is not in use (not built, or GPU_RELAY_NATIVE=0)")
+        self._t: Any = _NATIVE.Tracker(slots, max_values)
+
+    def observe(self, series_id: int, metric: str, labels: Labels | None = None) -> bool:
+        return bool(self._t.observe(series_id, metric, labels, self._gen()))
+
+    def observe_batch(self, items: Sequence[tuple[int, str]], labels_of: Callable[[int], Labels]) -> list[int]:
+        new: list[int] = self._t.observe_batch(items, labels_of, self._gen())
+        return new
+
+    def observe_inputs(self, inputs: Sequence[tuple[tuple[bytes, int, str], Any, Any, Any]],
+                       labels_of: Callable[[bytes], Labels]) -> list[int]:
+        new: list[int] = self._t.observe_inputs(inputs, labels_of, self._gen())
+        return new
+
+    def has(self) -> Callable[[int], bool]:
+        has: Callable[[int], bool] = self._t.has
+        return has
+
+    def observe_many(self, items: list[tuple[int, str]]) -> None:
+        self._t.observe_many(items, self._gen())
+
+    def wants_labels(self, series_id: int) -> bool:
+        slot = self._t.lookup(series_id)
+        return slot is None or slot[2] < 0 or self._gen() - slot[2] >= self._wslots // 2
+
+    def contains(self, series_id: int) -> bool:
+        return bool(self._t.contains(series_id, self._gen()))
+
+    def active(self) -> int:
+        return len(self._t)
+
+    def active_for_metric(self, metric: str) -> int:
+        n: int = self._t.metric_count(metric)
+        return n
+
+    def top_metrics(self, n: int) -> list[tuple[str, int]]:
+        return sorted(self._t.metric_counts(), key=lambda kv: (-kv[1], kv[0]))[:max(n, 0)]
+
+    def top_labels(self, n: int, metric: str | None = None) -> list[tuple[str, int]]:
+        counts: dict[str, int]
+        if metric is not None:
+            counts = {name: c for m, name, c in self._t.pairs() if c and m == metric}
+        else:
+            counts = self._t.label_union()
+        return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:max(n, 0)]
+
+    def capped_labels(self) -> list[tuple[str, str]]:
+        return sorted((m, name) for m, name, c in self._t.pairs() if c >= self._max_values)
+
+    def expire(self) -> int:
+        n: int = self._t.expire(self._gen() - self._wslots)
+        return n
+
+    def table_bytes(self) -> int:
+        """Bytes held by the C tables (bench/pipeline_memory_bench.py)."""
+        n: int = self._t.memory()
+        return n
 
 
 class _RateWindow:

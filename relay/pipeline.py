@@ -216,8 +216,7 @@ class Pipeline:
             if any(len(d) != len(inputs) for d in routed.per_dest):
                 # decide() never answers None for a destination, so every list has every series
                 raise ValueError("wire.route: per-destination entries do not line up with the inputs")
-            new_in = set(self.tracker_in.observe_batch(
-                [(e[0][1], e[0][2]) for e in inputs], lambda i: self._labels(inputs[i][0][0])))
+            new_in = set(self.tracker_in.observe_inputs(inputs, self._labels))
             in_active = self.tracker_in.has()
             md = metadata_entries(routed.metadata) if routed.metadata else []
             if md:

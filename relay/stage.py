@@ -9,9 +9,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from relay import label_codec, wire
+from relay import label_codec, native, wire
 from relay.aggregate import AggregateRule, Aggregator
-from relay.cardinality import CardinalityMetrics, DestinationStats
+from relay.cardinality import CardinalityMetrics, CSeriesTracker, DestinationStats
 from relay.config import DestinationConfig
 from relay.labels import METRIC_NAME, Labels
 from relay.labels import get as label_get
@@ -33,6 +33,7 @@ MASK64 = (1 << 64) - 1
 CLAIM = 1 << 64  # set in a pass decision's id: the rules changed the series, its output is claimed
 POS_SHIFT = 65  # above it in a pass decision's id: 1 + where the external labels go into the key
 _COUNTER = 1  # MetricMetadata.MetricType COUNTER
+_cstage = native.load("cstage")  # take()'s loop in C (relay/csrc/cstage.c); None: the reference below
 
 
 _DROPS: dict[str, wire.DestDecision] = {}
@@ -199,14 +200,56 @@ class DestinationStage:
     ) -> tuple[list[Piece], int, int]:
         """One request's series for this destination (``entries[j]`` is input ``inputs[j]``):
         collisions, aggregation, limits, accounting, sharding. ``new_in``: indexes of input series
-        seen for the first time in the window. Returns (queue pieces, samples kept, samples in)."""
+        seen for the first time in the window. Returns (queue pieces, samples kept, samples in).
+
+        The loop runs in C (``relay._cstage.take``) where the native core is in use and the out
+        tracker is its C twin; the C loop calls back ``_aggregate``, ``_admit`` and ``_collided``
+        and the owners' ``claim``/``unchanged`` for the rare branches, and answers NotImplemented
+        (before any effect) on an input of an unusual shape: then the reference runs."""
+        tracker = self.stats.tracker_out
+        if _cstage is not None and type(tracker) is CSeriesTracker:
+            r = _cstage.take(self, entries, inputs, new_in, in_active, labels_of, tracker._t, tracker._gen())
+            if r is not NotImplemented:
+                pieces, kept, routed, drops = r
+                for reason, n, series in drops:
+                    if n:
+                        self.metrics.samples_dropped_total.labels(self.name, reason).inc(n)
+                    self.stats.record_drop(reason, series=0 if reason == "rules" else series, samples=n)
+                return pieces, kept, routed
+        return self.take_reference(entries, inputs, new_in, in_active, labels_of)
+
+    def _aggregate(self, decision: wire.DestDecision, rest: bytes, n: int, in_id: int) -> tuple[int, int, int]:
+        """An aggregated member's samples into the aggregator: (aggregated, too far in the future,
+        histograms) sample counts."""
+        assert self.aggregator is not None
+        lb, sid, metric = decision
+        samples = wire.decode_samples(rest)
+        refused = self.aggregator.add(-sid - 1, lb, in_id, samples, self.is_counter(metric), _decoder(lb))
+        floats = len(samples)
+        return floats - refused, refused, n - floats
+
+    def _admit(self, sid: int, metric: str, lb: bytes, labels_of: Callable[[bytes], Labels]) -> bool:
+        assert self.limiter is not None
+        return self.limiter.admit(sid, metric, lambda: labels_of(lb))
+
+    def _collided(self, lb: bytes) -> None:
+        self.collisions.collided(self.name, _decoder(lb), self.prune_hint)
+
+    def take_reference(
+        self,
+        entries: list[tuple[wire.DestDecision, bytes, int, int]],
+        inputs: list[tuple[wire.DestDecision, bytes, int, int]],
+        new_in: set[int],
+        in_active: Callable[[int], bool],
+        labels_of: Callable[[bytes], Labels] = wire.decode_labels,
+    ) -> tuple[list[Piece], int, int]:
+        """``take`` in pure Python: the reference (and the fallback)."""
         shards = self.shards
         parts: list[list[bytes]] = [[] for _ in range(shards)]
         counts = [0] * shards
         oldest = [0] * shards
         drops: dict[str, int] = {}
         series_drops: dict[str, int] = {}
-        aggregator = self.aggregator
         limiter = self.limiter
         tracker = self.stats.tracker_out
         contains = tracker.contains
@@ -224,17 +267,13 @@ class DestinationStage:
                     series_drops[metric] = series_drops.get(metric, 0) + 1
                 continue
             if sid < 0:  # aggregated: the member is the input series
-                assert aggregator is not None
-                samples = wire.decode_samples(rest)
-                refused = aggregator.add(-sid - 1, lb, inputs[j][0][1], samples, self.is_counter(metric),
-                                         _decoder(lb))
-                floats = len(samples)
-                if floats - refused:
-                    drops["aggregated"] = drops.get("aggregated", 0) + floats - refused
+                aggregated, refused, histograms = self._aggregate(decision, rest, n, inputs[j][0][1])
+                if aggregated:
+                    drops["aggregated"] = drops.get("aggregated", 0) + aggregated
                 if refused:
                     drops["too_far_in_future"] = drops.get("too_far_in_future", 0) + refused
-                if n > floats:
-                    drops["aggregate_histogram"] = drops.get("aggregate_histogram", 0) + n - floats
+                if histograms > 0:
+                    drops["aggregate_histogram"] = drops.get("aggregate_histogram", 0) + histograms
                 continue
             if sid > MASK64:
                 high = sid >> 64
@@ -253,12 +292,12 @@ class DestinationStage:
                 drops["collision"] = drops.get("collision", 0) + n
                 if j in new_in:
                     series_drops["collision"] = series_drops.get("collision", 0) + 1
-                self.collisions.collided(self.name, _decoder(lb), self.prune_hint)
+                self._collided(lb)
                 continue
             if limiter is None or contains(sid):
                 seen.append((sid, metric))
                 seen_lb.append(lb)
-            elif not limiter.admit(sid, metric, lambda lb=lb: labels_of(lb)):  # type: ignore[misc]
+            elif not self._admit(sid, metric, lb, labels_of):
                 drops["series_limit"] = drops.get("series_limit", 0) + n
                 continue
             shard = sid % shards
