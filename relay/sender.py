@@ -315,12 +315,20 @@ class Sender:
         self.queue.ack([e.id for e in fresh])
 
     def _send_splitting(self, payload: bytes, samples: int, oldest: float) -> SendResult:
-        """send_batch; on a 413 send each half again, down to one series."""
-        try:
-            halves = rwsplit.halves(payload)
-        except WireError:
-            halves = None
-        result = self.send_batch(snappy.compress(payload), samples, oldest, splittable=halves is not None)
+        """send_batch; on a 413 send each half again, down to one series. The halves are computed
+        only once a 413 came (walking every series of every batch just in case cost more than the
+        rest of the send)."""
+        split: list[tuple[rwsplit.Unit, rwsplit.Unit] | None] = []
+
+        def can_split() -> bool:
+            try:
+                split.append(rwsplit.halves(payload))
+            except WireError:
+                split.append(None)
+            return split[-1] is not None
+
+        result = self._send_batch(snappy.compress(payload), samples, oldest, can_split)
+        halves = split[-1] if split else None
         if result.reason != "too_large" or halves is None:
             return result
         self._log_failure("http_413", f"{self.name}: HTTP 413 for {samples} samples; splitting the batch")
@@ -335,6 +343,10 @@ class Sender:
         """POST one snappy-compressed batch with retries; ``oldest`` is the unix time of its oldest
         sample. ``splittable``: a 413 returns reason "too_large" (nothing counted) for the caller
         to split."""
+        return self._send_batch(body, samples, oldest, lambda: splittable)
+
+    def _send_batch(self, body: bytes, samples: int, oldest: float, can_split: Callable[[], bool]) -> SendResult:
+        """send_batch; ``can_split()`` is asked only after a 413 (True: return "too_large")."""
         s = self.settings
         dest = self.name
         deadline = oldest + s.max_sample_age
@@ -357,7 +369,7 @@ class Sender:
             self.last_error = (self.clock(), f"HTTP {resp.status}: {first_line(resp.body)}"
                                if resp.status else
                                f"{reason} error: {first_line(resp.body.removeprefix(CREDENTIALS_PREFIX))}")
-            if resp.status == 413 and splittable:
+            if resp.status == 413 and can_split():
                 return SendResult(False, 413, "too_large", attempt, 0)
             if kind == "refresh" and not refreshed and self.auth_refresh is not None:
                 refreshed = True
