@@ -424,9 +424,15 @@ class DurableQueue(QueueState):
         qf.write_mark(self.path, last, entries, samples)
 
     # -- reading ---------------------------------------------------------------------------------
-    def peek(self, shard: int, max_samples: int, max_entries: int = 1000) -> list[Entry]:
+    def peek(self, shard: int, max_samples: int, max_entries: int = 1000, *, after: int = 0) -> list[Entry]:
         """Oldest entries of a shard, up to max_samples (always >= 1 entry if any are queued). The
-        shard's consumer holds them until acked or its next peek: queue_full never deletes them."""
+        shard's consumer holds them until acked or its next peek: queue_full never deletes them.
+
+        ``after`` (the id of the last entry the consumer holds): only newer entries, up to
+        max_samples and max_entries MORE (none if the next one does not fit), held together with
+        those it already holds. A consumer waiting for a fuller batch so reads each entry once."""
+        if after > 0:
+            return self._read(shard, "shard = ? AND id > ?", (shard, after), max_samples, max_entries, extend=True)
         return self._read(shard, "shard = ?", (shard,), max_samples, max_entries)
 
     def peek_upto(self, max_id: int, max_samples: int, max_entries: int = 1000) -> list[Entry]:
@@ -434,7 +440,10 @@ class DurableQueue(QueueState):
         shard count drains first, so per-series order holds across it (consumer key -1)."""
         return self._read(-1, "id <= ?", (max_id,), max_samples, max_entries)
 
-    def _read(self, key: int, where: str, args: tuple[int, ...], max_samples: int, max_entries: int) -> list[Entry]:
+    def _read(self, key: int, where: str, args: tuple[int, ...], max_samples: int, max_entries: int,
+              extend: bool = False) -> list[Entry]:
+        if extend and (max_entries <= 0 or max_samples < 0):
+            return []
         with self._cond:
             if self._closed:
                 return []
@@ -450,13 +459,16 @@ class DurableQueue(QueueState):
             for rid, shard, payload, samples, enqueued_at, oldest in cur:
                 if rid in skip:
                     continue
-                if out and (total + samples > max_samples or len(out) >= max_entries):
+                if (out or extend) and (total + samples > max_samples or len(out) >= max_entries):
                     break
                 out.append(Entry(rid, shard, bytes(payload), samples, enqueued_at, oldest))
                 total += samples
             cur.close()
             with self._cond:  # still under the read lock: a trimming commit sees it (see _commit)
-                self._held[key] = {e.id for e in out}
+                if extend:
+                    self._held.setdefault(key, set()).update(e.id for e in out)
+                else:
+                    self._held[key] = {e.id for e in out}
         return out
 
     def files_size(self) -> int:

@@ -77,6 +77,7 @@ __all__ = ["EXPIRED_MARKERS", "JITTER", "RESERVED_HEADERS", "SendResult", "Sende
 log = logging.getLogger(__name__)
 
 _POLL = 0.2  # how often idle threads look at the stop flag and for new shards
+_MAX_ENTRIES = 1000  # entries in one batch at most
 
 
 @dataclass(frozen=True)
@@ -244,13 +245,15 @@ class Sender:
         s = self.settings
         while not self._stop.is_set():
             try:
-                entries = self.queue.peek(shard, s.max_samples_per_send)
+                entries = self.queue.peek(shard, s.max_samples_per_send, _MAX_ENTRIES)
                 if not entries:
                     if not self.queue.wait(shard, _POLL) and self.queue.closed:
                         self._stop.wait(_POLL)
                     continue
-                if not self._full(shard, entries) and self._more_before_deadline(shard, entries[0]):
-                    continue  # new entries came in: peek again for a fuller batch
+                while not self._full(shard, entries) and self._more_before_deadline(shard, entries[0]):
+                    # new entries came in: add those that fit (the ones we hold are not read again)
+                    entries += self.queue.peek(shard, s.max_samples_per_send - sum(e.samples for e in entries),
+                                               _MAX_ENTRIES - len(entries), after=entries[-1].id)
                 if self._stop.is_set():
                     break
                 self._ship(entries)
