@@ -97,7 +97,7 @@ class _Route:
     """Where a URL's requests go: the connection's scheme, host and port (the proxy's when one is
     used), the request target, and the CONNECT tunnel for https through a proxy."""
 
-    scheme: str
+    scheme: str  # "https": the connection is TLS (to the host, or inside the tunnel to it)
     host: str
     port: int
     target: str  # path?query, or the absolute URL for http through a proxy
@@ -130,7 +130,10 @@ def _route(url: str) -> _Route:
     if scheme == "http":  # plain http through a proxy: absolute URL to the proxy
         return _Route(p.scheme, p.hostname, pport, f"http://{host_header}{target}", host_header,
                       proxy_headers=headers)
-    return _Route(p.scheme, p.hostname, pport, target, host_header, tunnel=(u.hostname, port),
+    if p.scheme == "https":
+        raise ValueError(f"an https:// proxy ({p.hostname}) for an https URL is not supported; use an http:// "
+                         "proxy (the tunnel to the destination is TLS either way)")
+    return _Route("https", p.hostname, pport, target, host_header, tunnel=(u.hostname, port),
                   proxy_headers=headers)
 
 

@@ -244,3 +244,78 @@ def test_tls_with_the_ca_bundle_from_requests_ca_bundle_is_accepted(
         r = t.post(srv.url.replace("http://", "https://"), b"x", {}, 5)
         assert (r.status, r.body, r.headers["content-length"]) == (204, b"", "0")
     assert len({s.peer for s in srv.seen}) == 1
+
+
+class ConnectProxy:
+    """A CONNECT-only HTTP proxy on 127.0.0.1 that records the request lines and headers it gets."""
+
+    def __init__(self) -> None:
+        self.lsock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.lsock.getsockname()[1]
+        self.seen: list[tuple[str, dict[str, str]]] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.lsock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._tunnel, args=(client,), daemon=True).start()
+
+    def _tunnel(self, client: socket.socket) -> None:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = client.recv(4096)
+            if not chunk:
+                return
+            head += chunk
+        line, *rest = head.split(b"\r\n\r\n")[0].decode().split("\r\n")
+        self.seen.append((line, {k.lower(): v.strip() for k, v in (h.split(":", 1) for h in rest)}))
+        host, port = line.split()[1].rsplit(":", 1)
+        upstream = socket.create_connection((host, int(port)))
+        client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+
+        def pipe(a: socket.socket, b: socket.socket) -> None:
+            try:
+                while data := a.recv(65536):
+                    b.sendall(data)
+            except OSError:
+                pass
+            finally:
+                for s in (a, b):
+                    s.close()
+
+        threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
+        pipe(client, upstream)
+
+    def close(self) -> None:
+        self.lsock.close()
+
+
+def test_https_through_a_proxy_from_the_environment_is_a_verified_connect_tunnel(
+    tls_server: tuple[Server, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    srv, ca = tls_server
+    proxy = ConnectProxy()
+    try:
+        monkeypatch.setenv("HTTPS_PROXY", f"http://me:secret@127.0.0.1:{proxy.port}")
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(ca))
+        t = HttpTransport()
+        url = srv.url.replace("http://", "https://")
+        assert [t.post(url, b"x", {}, 5).status for _ in range(2)] == [204, 204]
+        port = srv.httpd.server_address[1]
+        [(line, headers)] = proxy.seen  # one tunnel, kept alive for both requests
+        assert line == f"CONNECT 127.0.0.1:{port} HTTP/1.0" or line == f"CONNECT 127.0.0.1:{port} HTTP/1.1"
+        assert headers["proxy-authorization"] == "Basic bWU6c2VjcmV0"  # me:secret
+        assert srv.seen[0].headers["host"] == f"127.0.0.1:{port}" and "proxy-authorization" not in srv.seen[0].headers
+    finally:
+        proxy.close()
+
+
+def test_an_https_proxy_for_an_https_url_is_a_network_error_that_says_what_to_use(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "https://proxy.example:3128")
+    r = HttpTransport().post("https://aps.example/api/v1/remote_write", b"x", {}, 1)
+    assert r.status == 0 and b"use an http:// proxy" in r.body
