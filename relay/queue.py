@@ -45,6 +45,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
+from relay import queue_codec
 from relay import queue_files as qf
 from relay import queue_open as qo
 from relay.queue_files import DiskPlan, OpenReport
@@ -69,13 +70,20 @@ _MARK_EVERY_S = 1.0
 
 
 class _Pending:
-    __slots__ = ("done", "dropped", "error", "pieces")
+    __slots__ = ("done", "dropped", "error", "rows")
 
     def __init__(self, pieces: list[Piece]) -> None:
-        self.pieces = pieces
+        # (shard, stored payload, raw_len or None, raw size, samples, oldest_ts_ms): packed by the
+        # putting thread, before it joins the group commit
+        self.rows = [(shard, *_packed(payload), samples, oldest) for shard, payload, samples, oldest in pieces]
         self.done = False
         self.dropped = 0
         self.error: BaseException | None = None
+
+
+def _packed(payload: bytes) -> tuple[bytes, int | None, int]:
+    stored, raw_len = queue_codec.pack(payload)
+    return stored, raw_len, len(payload)
 
 
 class DurableQueue(QueueState):
@@ -251,17 +259,17 @@ class DurableQueue(QueueState):
                 first_id: int | None = None
                 last_id = 0
                 for p in batch:
-                    for shard, payload, samples, oldest in p.pieces:
+                    for shard, stored, raw_len, size, samples, oldest in p.rows:
                         cur = db.execute(
-                            "INSERT INTO entries (shard, samples, enqueued_at, oldest_ts, payload) "
-                            "VALUES (?, ?, ?, ?, ?)", (shard, samples, now, oldest, payload))
+                            "INSERT INTO entries (shard, samples, enqueued_at, oldest_ts, payload, raw_len) "
+                            "VALUES (?, ?, ?, ?, ?, ?)", (shard, samples, now, oldest, stored, raw_len))
                         first_id = first_id if first_id is not None else cur.lastrowid
                         last_id = cur.lastrowid or 0
                         a = added.setdefault(shard, [0, 0])
                         a[0] += 1
                         a[1] += samples
                         d_samples += samples
-                        d_bytes += len(payload)
+                        d_bytes += size
                     rs, rb = self._trim(db, d_bytes, added, removed, first_id or 0, freed_delivered, hold_readers)
                     p.dropped = rs
                     d_bytes -= rb
@@ -304,7 +312,7 @@ class DurableQueue(QueueState):
             if excess <= 0:
                 break
             hold_readers()
-            rows = db.execute("SELECT id, shard, samples, LENGTH(payload) FROM entries WHERE id > ? AND id < ? "
+            rows = db.execute(f"SELECT id, shard, samples, {qo.SIZE} FROM entries WHERE id > ? AND id < ? "
                               "ORDER BY id LIMIT 256", (after, first_own)).fetchall()
             if not rows:
                 break  # only held or new rows left: they leave soon (acked) or are what we store
@@ -378,7 +386,7 @@ class DurableQueue(QueueState):
                 chunk = ids[i : i + 500]
                 for shard, samples, nbytes in db.execute(
                     f"DELETE FROM entries WHERE id IN ({','.join('?' * len(chunk))}) "
-                    "RETURNING shard, samples, LENGTH(payload)", chunk).fetchall():
+                    f"RETURNING shard, samples, {qo.SIZE}", chunk).fetchall():
                     r = removed.setdefault(shard, [0, 0])
                     r[0] += 1
                     r[1] += samples
@@ -454,14 +462,14 @@ class DurableQueue(QueueState):
         total = 0
         with self._rlock:
             cur = self._rdb.execute(
-                f"SELECT id, shard, payload, samples, enqueued_at, oldest_ts FROM entries WHERE {where} "
+                f"SELECT id, shard, payload, samples, enqueued_at, oldest_ts, raw_len FROM entries WHERE {where} "
                 "ORDER BY id LIMIT ?", (*args, max(1, max_entries) + len(skip)))
-            for rid, shard, payload, samples, enqueued_at, oldest in cur:
+            for rid, shard, payload, samples, enqueued_at, oldest, raw_len in cur:
                 if rid in skip:
                     continue
                 if (out or extend) and (total + samples > max_samples or len(out) >= max_entries):
                     break
-                out.append(Entry(rid, shard, bytes(payload), samples, enqueued_at, oldest))
+                out.append(self._entry(rid, shard, payload, raw_len, samples, enqueued_at, oldest))
                 total += samples
             cur.close()
             with self._cond:  # still under the read lock: a trimming commit sees it (see _commit)
@@ -470,6 +478,15 @@ class DurableQueue(QueueState):
                 else:
                     self._held[key] = {e.id for e in out}
         return out
+
+    def _entry(self, rid: int, shard: int, stored: bytes, raw_len: int | None, samples: int,
+               enqueued_at: float, oldest: int) -> Entry:
+        try:
+            return Entry(rid, shard, queue_codec.unpack(bytes(stored), raw_len), samples, enqueued_at, oldest)
+        except queue_codec.CodecError as e:  # SQLite has no checksums: a damaged page reads back as garbage
+            log.error("queue %s: entry %d is damaged (%s); its %d samples are dropped", self.name, rid, e,
+                      samples, extra={"destination": self.name, "reason": "queue_damaged"})
+            return Entry(rid, shard, b"", 0, enqueued_at, oldest)
 
     def files_size(self) -> int:
         """Bytes of the db, WAL and shm files: what max_disk bounds from 4 MiB on."""
