@@ -15,6 +15,11 @@ main's queue and sender side by side with this one:
     .venv/bin/python bench/queue_bench.py                       # this checkout, passthrough and keep4
     .venv/bin/python bench/queue_bench.py --code /work/main     # main's queue and sender, same shape
     .venv/bin/python bench/queue_bench.py --compare /work/main  # both, alternating, --repeat times each
+    .venv/bin/python bench/queue_bench.py --one-row             # each request as ONE row (shard 0)
+
+``--one-row`` puts each request as one row instead of one per shard: an upper bound of what "one
+row per request and destination" (issue 9) could save on the put side (the drain side then runs on
+one shard thread, so compare the put wall and the CPU, not the latency).
 """
 
 from __future__ import annotations
@@ -107,6 +112,8 @@ def run_once(args: argparse.Namespace) -> dict[str, float]:
     from relay.service import default_transport
 
     reqs = _pieces(args, wire)
+    if args.one_row:
+        reqs = [[(0, b"".join(p[1] for p in r), sum(p[2] for p in r), min(p[3] for p in r))] for r in reqs]
     total = sum(p[2] for req in reqs for p in req)
     sink = subprocess.Popen([sys.executable, "-c", SINK], stdout=subprocess.PIPE)
     try:
@@ -176,6 +183,7 @@ def main() -> None:
     ap.add_argument("--code", default="", help="import relay from this checkout instead")
     ap.add_argument("--compare", default="", help="a second checkout: run both, alternating")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--one-row", action="store_true", help="each request as one row (shard 0)")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child run: print JSON
     args = ap.parse_args()
     if args.one:
@@ -191,7 +199,8 @@ def main() -> None:
         for _ in range(args.repeat):
             for _label, code in codes:
                 cmd = [sys.executable, __file__, "--one", "--requests", str(args.requests), "--series",
-                       str(args.series), "--shards", str(args.shards), "--kept", kept, "--code", code]
+                       str(args.series), "--shards", str(args.shards), "--kept", kept, "--code", code,
+                       *(["--one-row"] if args.one_row else [])]
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True,
                                      env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
                 r = json.loads(out.stdout.strip().splitlines()[-1])
