@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relay import queue_codec
+
 PAGE_SIZE = 4096
 _MAGIC = b"SQLite format 3\0"
 PHYSICAL_MIN_BYTES = 4 << 20
@@ -171,7 +173,9 @@ def salvage(path: Path, max_bytes: int, last_id: int = 0, budget_s: float = 2.0,
     try:
         cols = {r[1] for r in db.execute("PRAGMA table_info(entries)")}
         oldest = "oldest_ts" if "oldest_ts" in cols else "0"
-        query = f"SELECT id, shard, samples, enqueued_at, {oldest}, payload FROM entries"
+        raw_len = "raw_len" if "raw_len" in cols else "NULL"
+        db.create_function("unpacked", 2, unpacked_or_garbage, deterministic=True)
+        query = f"SELECT id, shard, samples, enqueued_at, {oldest}, unpacked(payload, {raw_len}) FROM entries"
         low, ok_fwd = _scan(db, query + " ORDER BY id", rows, budget)
         _, ok_back = _scan(db, query + f" WHERE id > {low} ORDER BY id DESC", rows, budget)
         if not (ok_fwd and ok_back):
@@ -181,6 +185,17 @@ def salvage(path: Path, max_bytes: int, last_id: int = 0, budget_s: float = 2.0,
     finally:
         db.close()
     return [rows[i] for i in sorted(rows)]
+
+
+def unpacked_or_garbage(payload: object, raw_len: object) -> bytes | None:
+    """A salvaged row's payload as raw WriteRequest bytes (queue_codec); one that does not unpack
+    comes back as bytes no WriteRequest check accepts, so the salvage drops it and goes on."""
+    if not isinstance(payload, bytes):
+        return None
+    try:
+        return queue_codec.unpack(payload, raw_len if isinstance(raw_len, int) else None)
+    except queue_codec.CodecError:
+        return b"\xff"
 
 
 def _restore_header(path: Path, header: bytes) -> None:

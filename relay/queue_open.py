@@ -33,12 +33,19 @@ CREATE TABLE IF NOT EXISTS entries (
     samples INTEGER NOT NULL,
     enqueued_at REAL NOT NULL,
     payload BLOB NOT NULL,
-    oldest_ts INTEGER NOT NULL DEFAULT 0
+    oldest_ts INTEGER NOT NULL DEFAULT 0,
+    raw_len INTEGER
 );
 CREATE INDEX IF NOT EXISTS entries_shard ON entries (shard, id);
 """
 
 Connect = Callable[[], sqlite3.Connection]
+
+# Payload format of a row (queue_codec): raw_len NULL, the payload is the RW1 WriteRequest itself
+# (every row of a file written before this column existed); raw_len = n, the payload is a snappy
+# block of those n bytes. SIZE is a row's payload size as the queue accounts it: the raw bytes.
+RAW_LEN = "raw_len"
+SIZE = "IFNULL(raw_len, LENGTH(payload))"
 
 
 def connect(path: Path, factory: type[sqlite3.Connection], sync: str, plan: DiskPlan) -> sqlite3.Connection:
@@ -60,6 +67,8 @@ def _connections(open_db: Connect, check: bool) -> tuple[sqlite3.Connection, sql
         cols = {r[1] for r in wdb.execute("PRAGMA table_info(entries)")}
         if "oldest_ts" not in cols:  # a file from before oldest_ts existed
             wdb.execute("ALTER TABLE entries ADD COLUMN oldest_ts INTEGER NOT NULL DEFAULT 0")
+        if "raw_len" not in cols:  # a file from before payloads were stored compressed: its rows are raw
+            wdb.execute(f"ALTER TABLE entries ADD COLUMN {RAW_LEN} INTEGER")
         if check:
             (res,) = wdb.execute("PRAGMA quick_check(1)").fetchone()
             if res != "ok":
@@ -132,7 +141,7 @@ class Loaded:
 def load(rdb: sqlite3.Connection, now: float, report: OpenReport) -> Loaded:
     out = Loaded()
     for shard, count, samples, nbytes in rdb.execute(
-        "SELECT shard, COUNT(*), SUM(samples), SUM(LENGTH(payload)) FROM entries GROUP BY shard"
+        f"SELECT shard, COUNT(*), SUM(samples), SUM({SIZE}) FROM entries GROUP BY shard"
     ):
         out.entries[shard], out.shard_samples[shard] = count, samples
         out.samples += samples

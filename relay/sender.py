@@ -77,6 +77,7 @@ __all__ = ["EXPIRED_MARKERS", "JITTER", "RESERVED_HEADERS", "SendResult", "Sende
 log = logging.getLogger(__name__)
 
 _POLL = 0.2  # how often idle threads look at the stop flag and for new shards
+_MAX_ENTRIES = 1000  # entries in one batch at most
 
 
 @dataclass(frozen=True)
@@ -244,13 +245,15 @@ class Sender:
         s = self.settings
         while not self._stop.is_set():
             try:
-                entries = self.queue.peek(shard, s.max_samples_per_send)
+                entries = self.queue.peek(shard, s.max_samples_per_send, _MAX_ENTRIES)
                 if not entries:
                     if not self.queue.wait(shard, _POLL) and self.queue.closed:
                         self._stop.wait(_POLL)
                     continue
-                if not self._full(shard, entries) and self._more_before_deadline(shard, entries[0]):
-                    continue  # new entries came in: peek again for a fuller batch
+                while not self._full(shard, entries) and self._more_before_deadline(shard, entries[0]):
+                    # new entries came in: add those that fit (the ones we hold are not read again)
+                    entries += self.queue.peek(shard, s.max_samples_per_send - sum(e.samples for e in entries),
+                                               _MAX_ENTRIES - len(entries), after=entries[-1].id)
                 if self._stop.is_set():
                     break
                 self._ship(entries)
@@ -315,12 +318,20 @@ class Sender:
         self.queue.ack([e.id for e in fresh])
 
     def _send_splitting(self, payload: bytes, samples: int, oldest: float) -> SendResult:
-        """send_batch; on a 413 send each half again, down to one series."""
-        try:
-            halves = rwsplit.halves(payload)
-        except WireError:
-            halves = None
-        result = self.send_batch(snappy.compress(payload), samples, oldest, splittable=halves is not None)
+        """send_batch; on a 413 send each half again, down to one series. The halves are computed
+        only once a 413 came (walking every series of every batch just in case cost more than the
+        rest of the send)."""
+        split: list[tuple[rwsplit.Unit, rwsplit.Unit] | None] = []
+
+        def can_split() -> bool:
+            try:
+                split.append(rwsplit.halves(payload))
+            except WireError:
+                split.append(None)
+            return split[-1] is not None
+
+        result = self._send_batch(snappy.compress(payload), samples, oldest, can_split)
+        halves = split[-1] if split else None
         if result.reason != "too_large" or halves is None:
             return result
         self._log_failure("http_413", f"{self.name}: HTTP 413 for {samples} samples; splitting the batch")
@@ -335,6 +346,10 @@ class Sender:
         """POST one snappy-compressed batch with retries; ``oldest`` is the unix time of its oldest
         sample. ``splittable``: a 413 returns reason "too_large" (nothing counted) for the caller
         to split."""
+        return self._send_batch(body, samples, oldest, lambda: splittable)
+
+    def _send_batch(self, body: bytes, samples: int, oldest: float, can_split: Callable[[], bool]) -> SendResult:
+        """send_batch; ``can_split()`` is asked only after a 413 (True: return "too_large")."""
         s = self.settings
         dest = self.name
         deadline = oldest + s.max_sample_age
@@ -357,7 +372,7 @@ class Sender:
             self.last_error = (self.clock(), f"HTTP {resp.status}: {first_line(resp.body)}"
                                if resp.status else
                                f"{reason} error: {first_line(resp.body.removeprefix(CREDENTIALS_PREFIX))}")
-            if resp.status == 413 and splittable:
+            if resp.status == 413 and can_split():
                 return SendResult(False, 413, "too_large", attempt, 0)
             if kind == "refresh" and not refreshed and self.auth_refresh is not None:
                 refreshed = True

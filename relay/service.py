@@ -41,7 +41,7 @@ from relay.queue import QueueError, RequestTooLargeError, StorageError
 from relay.ratelog import RateLimitedLog
 from relay.scrape import Scraper, ScrapeTarget
 from relay.server import Reply, json_reply
-from relay.transport import RequestsTransport, Transport
+from relay.transport import HttpTransport, Transport
 
 log = logging.getLogger(__name__)
 
@@ -364,7 +364,7 @@ def default_transport(d: Any) -> Transport:
         from relay.sigv4 import from_config
 
         auth = from_config(d.name, d.sigv4)
-    return RequestsTransport(auth=auth)
+    return HttpTransport(auth=auth)
 
 
 __all__ = ["RequestTooLargeError", "Runtime", "SetupError", "StorageError", "default_transport"]

@@ -1,4 +1,5 @@
-"""SigV4 signing end to end: relay.sigv4 + RequestsTransport + Sender against a verifying receiver.
+"""SigV4 signing end to end: relay.sigv4 + each transport (HttpTransport, the relay's default, and
+RequestsTransport) + Sender against a verifying receiver.
 
 No network: credentials come from env (monkeypatch) or an injected botocore session; config files
 and instance metadata are switched off.
@@ -27,11 +28,23 @@ from relay.proto import remote_v1_pb2
 from relay.queue import DurableQueue
 from relay.sender import Sender, SenderSettings
 from relay.sigv4 import SigV4Auth, SigV4ConfigError
-from relay.transport import RequestsTransport
+from relay.transport import HttpTransport, RequestsTransport
 from tests.helpers import isolate_aws
 from tests.sigv4_receiver import EXPIRED_BODY, Scripted, SigV4Receiver, verify_sigv4
 
 AK, SK, TOKEN = "AKIDTESTENV", "secret/env/key+1", "session-token-env"
+
+
+Transport = HttpTransport | RequestsTransport
+TRANSPORT: list[type[HttpTransport] | type[RequestsTransport]] = [HttpTransport]
+
+
+@pytest.fixture(autouse=True, params=[HttpTransport, RequestsTransport], ids=["http", "requests"])
+def _transport(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test runs with each transport: both must sign what the receiver verifies."""
+    TRANSPORT[0] = request.param
+    yield
+    TRANSPORT[0] = HttpTransport
 
 
 @pytest.fixture(autouse=True)
@@ -63,7 +76,7 @@ def write_request(name: str, value: float, ts: int = 1_700_000_000_000) -> bytes
     return bytes(wr.SerializeToString())
 
 
-def make_sender(url: str, transport: RequestsTransport, tmp_path: Path) -> Sender:
+def make_sender(url: str, transport: Transport, tmp_path: Path) -> Sender:
     queue = DurableQueue(tmp_path / "q.db", 1 << 20)
     return Sender(
         "amp", url, queue, transport, SenderSettings(min_backoff=0.001, max_backoff=0.01),
@@ -72,7 +85,7 @@ def make_sender(url: str, transport: RequestsTransport, tmp_path: Path) -> Sende
 
 
 def post(url: str, auth: SigV4Auth, payload: bytes) -> int:
-    return RequestsTransport(auth=auth).post(url, snappy.compress(payload), {"Content-Type": "x"}, 5).status
+    return TRANSPORT[0](auth=auth).post(url, snappy.compress(payload), {"Content-Type": "x"}, 5).status
 
 
 # -- configuration -----------------------------------------------------------------------------
@@ -111,7 +124,7 @@ def test_env_credentials_sign_a_request_the_receiver_verifies(env_creds: None, r
 def test_sender_delivers_through_sigv4_with_required_headers_signed(
     env_creds: None, rx: SigV4Receiver, tmp_path: Path
 ) -> None:
-    sender = make_sender(rx.url, RequestsTransport(auth=SigV4Auth(region="us-east-1")), tmp_path)
+    sender = make_sender(rx.url, TRANSPORT[0](auth=SigV4Auth(region="us-east-1")), tmp_path)
     body = snappy.compress(write_request("m", 1.0) + write_request("n", 2.0))
     result = sender.send_batch(body, 2, time.time())
     assert result.ok and result.status == 204
@@ -128,7 +141,7 @@ def test_wrong_secret_is_rejected_with_403_and_the_batch_dropped(
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", AK)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
     monkeypatch.setenv("AWS_SESSION_TOKEN", TOKEN)
-    sender = make_sender(rx.url, RequestsTransport(auth=SigV4Auth(region="us-east-1")), tmp_path)
+    sender = make_sender(rx.url, TRANSPORT[0](auth=SigV4Auth(region="us-east-1")), tmp_path)
     result = sender.send_batch(snappy.compress(write_request("m", 1.0)), 1, time.time())
     assert (result.ok, result.status, result.reason, result.dropped_samples) == (False, 403, "http_403", 1)
     assert rx.requests[0].reason == "signature does not match" and rx.series() == []
@@ -219,7 +232,7 @@ def test_403_expired_token_forces_a_refresh_and_the_retry_succeeds(
     with SigV4Receiver("AKID1", "secret-1", token="token-1") as rx:
         rx.add_credentials("AKID2", "secret-2", "token-2")
         rx.script([Scripted(403, {}, EXPIRED_BODY)])  # AWS revoked AKID1 early
-        sender = make_sender(rx.url, RequestsTransport(auth=SigV4Auth(region="us-east-1", session=session)),
+        sender = make_sender(rx.url, TRANSPORT[0](auth=SigV4Auth(region="us-east-1", session=session)),
                              tmp_path)
         result = sender.send_batch(snappy.compress(write_request("m", 1.0)), 1, time.time())
         sender.queue.close()

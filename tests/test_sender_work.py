@@ -1,0 +1,101 @@
+"""Issue 9: the sender does no per-series work a batch does not need (halves only after a 413,
+entries it already holds are not read again while it waits for a fuller batch)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from relay import rwsplit
+from relay.queue import Entry
+from relay.transport import Response
+from tests.helpers import wait_until
+from tests.test_sender_faults import Rig, parse, rig, series
+
+
+def counted_halves(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """rwsplit.halves, recording the size of every payload it is asked to split."""
+    calls: list[int] = []
+    real = rwsplit.halves
+
+    def halves(payload: bytes) -> tuple[rwsplit.Unit, rwsplit.Unit] | None:
+        calls.append(len(payload))
+        return real(payload)
+
+    monkeypatch.setattr(rwsplit, "halves", halves)
+    return calls
+
+
+@pytest.fixture
+def rigs() -> Iterator[list[Rig]]:
+    made: list[Rig] = []
+    yield made
+    for r in made:
+        r.sender.stop(timeout=2)
+        r.queue.close()
+
+
+def test_an_accepted_batch_is_never_walked_series_by_series_for_halves(
+    tmp_path: Path, rigs: list[Rig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = counted_halves(monkeypatch)
+    r = rig(tmp_path, rigs)
+    r.queue.put([(0, b"".join(series(f"s{i}", [(1, float(i))]) for i in range(50)), 50, 1)])
+    r.sender.start()
+    assert wait_until(lambda: r.queue.shards() == [], timeout=5)
+    assert len(parse(r.transport.bodies[0]).timeseries) == 50
+    assert calls == []  # was: every batch, before it was sent
+
+
+def test_halves_are_computed_once_a_413_came_and_the_halves_are_delivered(
+    tmp_path: Path, rigs: list[Rig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = counted_halves(monkeypatch)
+    answers = [Response(413, {}, b"too big")]
+    r = rig(tmp_path, rigs, answer=lambda _: answers.pop() if answers else Response(204))
+    r.queue.put([(0, b"".join(series(f"s{i}", [(1, float(i))]) for i in range(4)), 4, 1)])
+    r.sender.start()
+    assert wait_until(lambda: r.queue.shards() == [], timeout=5)
+    assert len(calls) == 1 and [len(parse(b).timeseries) for b in r.transport.bodies] == [4, 2, 2]
+    assert r.value("samples_sent_total") == 4 and r.value("samples_failed_total", reason="http_413") == 0
+
+
+def test_a_sender_waiting_for_a_fuller_batch_reads_each_entry_once(
+    tmp_path: Path, rigs: list[Rig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = rig(tmp_path, rigs, max_samples_per_send=1000, batch_send_deadline=0.6)
+    read: list[int] = []
+    real = r.queue.peek
+
+    def peek(shard: int, max_samples: int, max_entries: int = 1000, *, after: int = 0) -> list[Entry]:
+        out = real(shard, max_samples, max_entries, after=after)
+        read.extend(e.id for e in out)
+        return out
+
+    monkeypatch.setattr(r.queue, "peek", peek)
+    r.sender.start()
+    for i in range(6):
+        r.queue.put([(0, series(f"s{i}", [(1, float(i))]), 1, 1)])
+        time.sleep(0.04)
+    assert wait_until(lambda: r.queue.shards() == [], timeout=5)
+    assert [[ts.labels[0].value for ts in parse(b).timeseries] for b in r.transport.bodies] == [
+        [f"s{i}" for i in range(6)]]  # one batch, in order
+    assert len(read) == len(set(read)) == 6  # was 21: every wake read the whole batch again
+
+
+def test_a_waiting_batch_takes_only_what_fits_and_sends_at_once_when_the_next_does_not(
+    tmp_path: Path, rigs: list[Rig]
+) -> None:
+    r = rig(tmp_path, rigs, max_samples_per_send=10, batch_send_deadline=30)
+    r.queue.put([(0, series("a", [(t, 1.0) for t in range(4)]), 4, 1)])
+    r.sender.start()
+    time.sleep(0.1)  # the sender holds a, waiting for more
+    r.queue.put([(0, series("b", [(t, 1.0) for t in range(4)]), 4, 1)])
+    time.sleep(0.1)
+    r.queue.put([(0, series("c", [(t, 1.0) for t in range(4)]), 4, 1)])  # 12 > 10: a+b go now
+    assert wait_until(lambda: len(r.transport.bodies) >= 1, timeout=3)  # not at the 30 s deadline
+    assert [ts.labels[0].value for ts in parse(r.transport.bodies[0]).timeseries] == ["a", "b"]
+    assert wait_until(lambda: r.queue.backlog(0) == (1, 4), timeout=3)  # c stays for the next batch
