@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 from relay.metrics import RelayMetrics
 from relay.queue import DurableQueue
 from relay.sender import Sender, SenderSettings
-from relay.transport import RequestsTransport
+from relay.transport import HttpTransport
 from relay.wire import decode_write_request, encode_write_request
 
 
@@ -73,7 +73,7 @@ def run(seconds: float, batch: int, fill: float, per_put: int, shards: int, dead
     with tempfile.TemporaryDirectory() as tmp:
         queue = DurableQueue(Path(tmp) / "bench.queue.db", 1 << 30)
         sender = Sender("bench", f"http://127.0.0.1:{rx.server_address[1]}/api/v1/write", queue,
-                        RequestsTransport(pool_size=shards),
+                        HttpTransport(pool_size=shards),
                         SenderSettings(max_samples_per_send=batch, batch_send_deadline=deadline),
                         RelayMetrics(CollectorRegistry()))
         sender.start()
