@@ -404,3 +404,12 @@ def test_series_id_refuses_what_hashlib_refuses() -> None:
 def test_wire_uses_the_c_functions() -> None:
     assert wire.route_loop is cwire.route_loop
     assert wire.series_id is cwire.series_id
+
+
+def test_route_bench_runs_and_prints_both_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import route_bench
+
+    assert route_bench.main(["--nodes", "1", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "warm cache, us per series" in out and "first sight, us per new series" in out
+    assert wire.route_loop is cwire.route_loop  # the bench put the module's loop back
