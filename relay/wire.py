@@ -4,7 +4,8 @@ RW 1.0 requests are never decoded whole: ``route`` walks the WriteRequest bytes 
 cache on each series' raw label bytes (its field-1 Label entries exactly as on the wire) and copies
 kept series through as bytes, so a series seen before costs one dict lookup. Sample values are never
 turned into floats on the way through, so stale markers (NaN 0x7ff0000000000002) stay byte-exact.
-RW 2.0 is transcoded to RW 1.0 bytes first (``relay.wire_v2``). Field numbers:
+RW 2.0 is transcoded to RW 1.0 bytes first (``relay.wire_v2``). ``route_loop`` and ``series_id`` are
+the C twins (relay/csrc/cwire.c) when built, else the Python reference here. Field numbers:
 /work/shared/reference/remote-write-and-relays.md section 1 (prompb/remote.proto, types.proto).
 """
 
