@@ -374,6 +374,21 @@ def test_a_none_in_the_cache_is_a_miss_and_cached_decisions_are_the_same_objects
         assert per_dest[0][1][0] is mine[0]
 
 
+def test_keywords_and_wrong_argument_counts_behave_as_the_reference() -> None:
+    raw = rich_request()
+    for loop in (wire._route_loop, cwire.route_loop):
+        per_dest: list[list[Any]] = [[]]
+        metadata: list[bytes] = []
+        assert loop(raw, {}, lambda k: ((k, 1, "m"),), per_dest, metadata=metadata) == (5, 5, 1, 1, 3)
+        assert len(per_dest[0]) == 5 and len(metadata) == 1
+    errors = []
+    for loop in (wire._route_loop, cwire.route_loop):
+        with pytest.raises(TypeError) as err:
+            loop(raw, {}, lambda k: (None,), [[]])
+        errors.append(str(err.value))
+    assert errors[0] == errors[1] and "metadata" in errors[0]
+
+
 def test_non_bytes_buffers_are_handed_to_the_reference() -> None:
     raw = rich_request()
     assert_same([bytearray(raw), memoryview(raw)])  # type: ignore[list-item]

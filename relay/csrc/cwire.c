@@ -516,7 +516,7 @@ fail:
     return NULL;
 }
 
-static PyObject *fallback(PyObject *const *args, Py_ssize_t nargs)
+static PyObject *fallback(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     if (py_route_loop == NULL) {
         PyObject *wire = PyImport_ImportModule("relay.wire");
@@ -528,18 +528,15 @@ static PyObject *fallback(PyObject *const *args, Py_ssize_t nargs)
             return NULL;
     }
     n_fallbacks++;
-    return PyObject_Vectorcall(py_route_loop, args, (size_t)nargs, NULL);
+    return PyObject_Vectorcall(py_route_loop, args, (size_t)nargs, kwnames);
 }
 
-static PyObject *route_loop(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *route_loop(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    if (nargs != 5) {
-        PyErr_Format(PyExc_TypeError, "route_loop() takes 5 arguments (%zd given)", nargs);
-        return NULL;
-    }
+    /* Keywords, a wrong count (the reference's TypeError) and buffers other than bytes: the reference. */
+    if (nargs != 5 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames)) || !PyBytes_CheckExact(args[0]))
+        return fallback(args, nargs, kwnames);
     PyObject *buf = args[0];
-    if (!PyBytes_CheckExact(buf))
-        return fallback(args, nargs);
     const uint8_t *b = (const uint8_t *)PyBytes_AS_STRING(buf);
     items it = {.len = 0, .cap = 64};
     it.items = it.small;
@@ -548,7 +545,7 @@ static PyObject *route_loop(PyObject *self, PyObject *const *args, Py_ssize_t na
     if (ok < 0)
         out = PyErr_NoMemory();
     else if (ok == 0)
-        out = fallback(args, nargs);
+        out = fallback(args, nargs, NULL);
     else
         out = route_items(b, buf, &it, args[1], args[2], args[3], args[4]);
     if (it.items != it.small)
@@ -671,7 +668,7 @@ static PyObject *fallbacks(PyObject *self, PyObject *unused)
 }
 
 static PyMethodDef methods[] = {
-    {"route_loop", (PyCFunction)(void (*)(void))route_loop, METH_FASTCALL,
+    {"route_loop", (PyCFunction)(void (*)(void))route_loop, METH_FASTCALL | METH_KEYWORDS,
      "route_loop(buf, cache, decide, per_dest, metadata): relay.wire._route_loop in C."},
     {"series_id", series_id, METH_O, "series_id(label_bytes): BLAKE2b-64 of the bytes, little-endian."},
     {"fallbacks", fallbacks, METH_NOARGS,
