@@ -7,12 +7,25 @@
 # Build: docker build -t gpu-telemetry:0.1.0 .   (BuildKit, the default since Docker 23)
 
 # --- build: wheels for the project and every dependency -------------------------------------
+# gcc for the relay's native per-series core (relay/csrc, built by setup.py); the image has the
+# Python headers. Only this stage has a compiler.
 FROM python:3.11-slim AS build
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends build-essential \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md setup.py ./
 COPY exporter ./exporter
 COPY relay ./relay
+COPY telemetry_common ./telemetry_common
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# setup.py builds the extensions as optional: a wheel without one would run the slow Python
+# fallback, so the build fails here unless it holds relay/_<name>*.so for every relay/csrc/<name>.c.
+RUN python -c "import glob, pathlib, zipfile; \
+names = zipfile.ZipFile(glob.glob('/wheels/gpu_telemetry-*.whl')[0]).namelist(); \
+want = ['relay/_' + c.stem for c in pathlib.Path('relay/csrc').glob('*.c')]; \
+missing = [w for w in want if not any(n.startswith(w + '.') and n.endswith('.so') for n in names)]; \
+assert want and not missing, f'the wheel lacks native modules {missing}'"
 
 # --- runtime ----------------------------------------------------------------------------------
 FROM python:3.11-slim

@@ -4,7 +4,8 @@ RW 1.0 requests are never decoded whole: ``route`` walks the WriteRequest bytes 
 cache on each series' raw label bytes (its field-1 Label entries exactly as on the wire) and copies
 kept series through as bytes, so a series seen before costs one dict lookup. Sample values are never
 turned into floats on the way through, so stale markers (NaN 0x7ff0000000000002) stay byte-exact.
-RW 2.0 is transcoded to RW 1.0 bytes first (``relay.wire_v2``). Field numbers:
+RW 2.0 is transcoded to RW 1.0 bytes first (``relay.wire_v2``). ``route_loop`` and ``series_id`` are
+the C twins (relay/csrc/cwire.c) when built, else the Python reference here. Field numbers:
 /work/shared/reference/remote-write-and-relays.md section 1 (prompb/remote.proto, types.proto).
 """
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import snappy
 
+from relay import native
 from relay.labels import Labels
 from relay.protowire import (
     MAX_FIELD_NUMBER,
@@ -34,26 +36,10 @@ from relay.wire_entries import check_exemplar, check_metadata, histogram_timesta
 from relay.wire_v2 import V2Counts, v2_to_v1
 
 __all__ = [
-    "Decision",
-    "DestDecision",
-    "Routed",
-    "RoutedEntry",
-    "V2Counts",
-    "WireError",
-    "compress",
-    "decode_labels",
-    "decode_samples",
-    "decode_write_request",
-    "decompress",
-    "encode_labels",
-    "encode_routed",
-    "encode_write_request",
-    "parse_content_type",
-    "route",
-    "series_id",
-    "snappy_uncompressed_length",
-    "v2_to_v1",
-    "wrap_series",
+    "Decision", "DestDecision", "Routed", "RoutedEntry", "V2Counts", "WireError", "compress",
+    "decode_labels", "decode_samples", "decode_write_request", "decompress", "encode_labels",
+    "encode_routed", "encode_write_request", "parse_content_type", "route", "series_id",
+    "snappy_uncompressed_length", "v2_to_v1", "wrap_series"
 ]
 
 _V1_PROTO = "prometheus.writerequest"
@@ -283,7 +269,7 @@ class Routed:
     new_keys: int  # label keys that were not cached (decide() was called)
 
 
-def series_id(label_bytes: bytes) -> int:
+def _py_series_id(label_bytes: bytes) -> int:
     """Stable 64-bit id: BLAKE2b (digest_size=8) of the label bytes, read little-endian."""
     return int.from_bytes(hashlib.blake2b(label_bytes, digest_size=8).digest(), "little")
 
@@ -305,7 +291,7 @@ def route(
     """
     per_dest: list[list[RoutedEntry]] = [[] for _ in range(n_dest)]
     metadata: list[bytes] = []
-    counts = _route_loop(bytes(v1), cache, decide, per_dest, metadata)
+    counts = route_loop(bytes(v1), cache, decide, per_dest, metadata)
     return Routed(per_dest, b"".join(metadata), *counts)
 
 
@@ -452,3 +438,11 @@ def _top_level_other(buf: bytes, pos: int, n: int, metadata: list[bytes]) -> int
     if tag >> 3 in (1, 3):
         raise malformed(f"WriteRequest field {tag >> 3} with wire type {tag & 7}")
     return skip_value(buf, p, tag & 7, n)
+
+
+# The C twins (relay/csrc/cwire.c) when built and not turned off (GPU_RELAY_NATIVE=0): same results,
+# errors included; anything the C loop does not handle itself goes to _route_loop whole.
+_c = native.load("cwire")
+route_loop: Callable[[bytes, dict[bytes, Decision], Callable[[bytes], Decision], list[list[RoutedEntry]], list[bytes]],
+                     tuple[int, int, int, int, int]] = _c.route_loop if _c else _route_loop
+series_id: Callable[[bytes], int] = _c.series_id if _c else _py_series_id

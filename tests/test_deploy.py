@@ -10,6 +10,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -253,6 +254,50 @@ def test_dockerfile_builds_a_wheel_then_installs_it_in_a_slim_runtime() -> None:
     assert any(k == "RUN" and "pip wheel" in a and a.rstrip().endswith(".") for k, a in instrs)
     runtime_runs = [a for k, a in final_stage() if k == "RUN"]
     assert any("pip install" in a and "--no-index" in a and "gpu-telemetry" in a for a in runtime_runs)
+
+
+def build_stage() -> list[tuple[str, str]]:
+    instrs = dockerfile()
+    froms = [i for i, (k, _) in enumerate(instrs) if k == "FROM"]
+    return instrs[froms[0] : froms[1]]
+
+
+def test_dockerfile_build_stage_has_a_compiler_and_the_runtime_none() -> None:
+    build_runs = [a for k, a in build_stage() if k == "RUN"]
+    assert any("apt-get install" in a and "build-essential" in a for a in build_runs)
+    copied = {src for k, a in build_stage() if k == "COPY" for src in shlex.split(a)[:-1]}
+    assert {"setup.py", "relay", "telemetry_common"} <= copied  # setup.py builds relay/csrc/*.c
+    for run in (a for k, a in final_stage() if k == "RUN"):
+        assert not re.search(r"apt-get|build-essential|\bgcc\b|python3-dev", run), run
+
+
+def wheel_check() -> str:
+    """The build stage's `python -c` that fails the image build when the wheel lacks a native module."""
+    (check,) = [a for k, a in build_stage() if k == "RUN" and "zipfile" in a]
+    code: str = shlex.split(check)[2]
+    assert shlex.split(check)[:2] == ["python", "-c"]
+    return code
+
+
+@pytest.mark.parametrize("members, ok", [
+    (["relay/__init__.py", "relay/_cwire.cpython-311-x86_64-linux-gnu.so"], True),
+    (["relay/__init__.py", "relay/wire.py"], False),  # setup.py's optional build failed: no image
+    (["relay/_cwire.c"], False),
+])
+def test_dockerfile_refuses_a_wheel_without_relay_cwire_so(tmp_path: Path, members: list[str], ok: bool) -> None:
+    import zipfile
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "gpu_telemetry-0.1.0-cp311-cp311-linux_x86_64.whl", "w") as whl:
+        for name in members:
+            whl.writestr(name, b"")
+    code = wheel_check().replace("'/wheels/", repr(str(wheels) + "/")[:-1])
+    assert str(wheels) in code
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert (result.returncode == 0) is ok, result.stderr
+    if not ok:
+        assert "the wheel lacks native modules ['relay/_cwire']" in result.stderr
 
 
 def test_dockerfile_copies_only_files_that_exist_and_are_not_dockerignored() -> None:

@@ -170,9 +170,10 @@ def test_self_metrics_include_build_info_process_and_last_reload(tmp_path: Path)
     runtime = runtime_with(tmp_path)
     try:
         text = runtime.metrics("").body.decode()
-        from relay import __version__
+        from relay import __version__, native
 
-        assert f'gpu_relay_build_info{{native="false",version="{__version__}"}} 1.0' in text
+        built = "true" if native.status()[0] else "false"  # the native core exists since issue 9
+        assert f'gpu_relay_build_info{{native="{built}",version="{__version__}"}} 1.0' in text
         assert "gpu_relay_config_last_reload_successful 1.0" in text
         assert "gpu_relay_config_last_reload_success_timestamp_seconds " in text
         assert "process_resident_memory_bytes " in text and "process_cpu_seconds_total " in text
