@@ -23,7 +23,7 @@ RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 # fallback, so the build fails here unless it holds relay/_<name>*.so for every relay/csrc/<name>.c.
 RUN python -c "import glob, pathlib, zipfile; \
 names = zipfile.ZipFile(glob.glob('/wheels/gpu_telemetry-*.whl')[0]).namelist(); \
-want = ['relay/_' + c.stem for c in pathlib.Path('relay/csrc').glob('*.c')]; \
+want = sorted('relay/_' + c.stem for c in pathlib.Path('relay/csrc').glob('*.c')); \
 missing = [w for w in want if not any(n.startswith(w + '.') and n.endswith('.so') for n in names)]; \
 assert want and not missing, f'the wheel lacks native modules {missing}'"
 

@@ -279,14 +279,21 @@ def wheel_check() -> str:
     return code
 
 
-@pytest.mark.parametrize("members, ok", [
-    (["relay/__init__.py", "relay/_cwire.cpython-311-x86_64-linux-gnu.so"], True),
-    (["relay/__init__.py", "relay/wire.py"], False),  # setup.py's optional build failed: no image
-    (["relay/_cwire.c"], False),
+NATIVE = sorted(f"relay/_{c.stem}" for c in (ROOT / "relay" / "csrc").glob("*.c"))
+SO = ".cpython-311-x86_64-linux-gnu.so"
+
+
+@pytest.mark.parametrize("members, missing", [
+    (["relay/__init__.py", *(n + SO for n in NATIVE)], []),
+    (["relay/__init__.py", "relay/wire.py"], NATIVE),  # setup.py's optional build failed: no image
+    (["relay/_cwire.c"], NATIVE),
+    (["relay/__init__.py", *(n + SO for n in NATIVE[1:])], NATIVE[:1]),  # one module did not build
 ])
-def test_dockerfile_refuses_a_wheel_without_relay_cwire_so(tmp_path: Path, members: list[str], ok: bool) -> None:
+def test_dockerfile_refuses_a_wheel_without_every_native_module(tmp_path: Path, members: list[str],
+                                                                missing: list[str]) -> None:
     import zipfile
 
+    assert "relay/_cwire" in NATIVE and len(NATIVE) >= 4
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     with zipfile.ZipFile(wheels / "gpu_telemetry-0.1.0-cp311-cp311-linux_x86_64.whl", "w") as whl:
@@ -295,9 +302,9 @@ def test_dockerfile_refuses_a_wheel_without_relay_cwire_so(tmp_path: Path, membe
     code = wheel_check().replace("'/wheels/", repr(str(wheels) + "/")[:-1])
     assert str(wheels) in code
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    assert (result.returncode == 0) is ok, result.stderr
-    if not ok:
-        assert "the wheel lacks native modules ['relay/_cwire']" in result.stderr
+    assert (result.returncode == 0) is (not missing), result.stderr
+    if missing:
+        assert f"the wheel lacks native modules {missing}" in result.stderr
 
 
 def test_dockerfile_copies_only_files_that_exist_and_are_not_dockerignored() -> None:
