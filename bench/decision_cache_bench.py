@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.pipeline_memory_bench import CONFIGS, PER_REQUEST, _series, rss_bytes  # noqa: E402
+from bench.pipeline_memory_bench import CONFIGS, _series, rss_bytes  # noqa: E402
 
 IMPLS = {"c": "1", "py": "0"}
 
@@ -55,37 +55,14 @@ def _pipeline(config_name: str, cache_max_bytes: int) -> Any:
 
 
 def measure(n: int, config_name: str, cache: str) -> dict[str, Any]:
-    """Runs inside the child process (bench/pipeline_memory_bench.py's measure, plus the cache's size)."""
-    from bench.relay_bench import METRICS
-    from relay import pipeline, wire
+    """Runs inside the child process: bench/pipeline_memory_bench.py's measure, plus the cache's size."""
+    from bench import pipeline_memory_bench
+    from relay import decision_cache
 
-    budget = {"default": pipeline.DEFAULT_CACHE_MAX_BYTES, "none": 0, "unbounded": 1 << 62}[cache]
-    p = _pipeline(config_name, budget)
-    metrics = list(METRICS)
-    t_base = 1_700_000_000_000
-
-    def request(start: int, ts: int) -> bytes:
-        return wire.encode_write_request(
-            [(_series(i, metrics), [(ts, 1.0)]) for i in range(start, min(n, start + PER_REQUEST))])
-
-    gc.collect()
-    before = rss_bytes()
-    first_s = known_s = 0.0
-    for start in range(0, n, PER_REQUEST):
-        body = request(start, t_base)
-        t0 = time.process_time()
-        p.route(body)
-        first_s += time.process_time() - t0
-    del body
-    gc.collect()
-    after = rss_bytes()
-    for start in range(0, n, PER_REQUEST):
-        body = request(start, t_base + 15_000)
-        t0 = time.process_time()
-        p.route(body)
-        known_s += time.process_time() - t0
-    return {"rss_delta": after - before, "first_us": first_s / n * 1e6, "known_us": known_s / n * 1e6,
-            "cached": p.cache_entries(), "cache_bytes": p.cache_bytes(), "native": p.cache.native}
+    r = pipeline_memory_bench.measure(n, config_name, cache, True)
+    return {"rss_delta": r["rss_delta"], "first_us": r["first_us"], "known_us": r["known_us"],
+            "cached": r["cache_entries"], "cache_bytes": r["cache_est"],
+            "native": decision_cache.native_table()}
 
 
 def lookups(n: int, config_name: str, repeat: int) -> dict[str, float]:
