@@ -623,12 +623,15 @@ static int parse_metadata(const uint8_t *p, const uint8_t *end, uint64_t *type, 
     return OK;
 }
 
-static inline uint32_t fnv1a(const uint8_t *p, size_t n)
+/* The family names are the client's: an unkeyed hash (FNV-1a was here) lets it aim them all at one
+ * probe run (quadratic). Python's bytes hash is SipHash keyed per process, as the reference's dict. */
+static inline uint32_t name_hash(const uint8_t *p, size_t n)
 {
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 16777619u;
-    return h;
+#if PY_VERSION_HEX >= 0x030E0000
+    return (uint32_t)Py_HashBuffer(p, (Py_ssize_t)n);
+#else
+    return (uint32_t)_Py_HashBytes(p, (Py_ssize_t)n);
+#endif
 }
 
 static size_t meta_entry_size(const Ctx *c, const Meta *m)
@@ -680,7 +683,7 @@ static int add_metadata(Ctx *c, const uint8_t *p, const uint8_t *end, const uint
             break;
         }
     }
-    m.hash = fnv1a(m.fam, m.fam_len);
+    m.hash = name_hash(m.fam, m.fam_len);
     if (c->nmeta * 2 + 2 > g_mtab_cap) { /* keep the table at most half full */
         size_t cap = g_mtab_cap ? g_mtab_cap * 2 : 64;
         while (cap < c->nmeta * 2 + 2)

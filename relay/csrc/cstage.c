@@ -51,9 +51,16 @@ static inline uint64_t mix64(uint64_t x) {
     return x;
 }
 
-static inline size_t t12_home(const T12 *t, uint64_t k) {
-    return (size_t)(((unsigned __int128)mix64(k) * t->cap) >> 64);
+/* Keys a client can choose (series ids are BLAKE2b-64 of its label bytes), and mix64 is public and
+ * invertible: without a secret, ids aimed at one bucket make one probe run of them all (quadratic).
+ * A per-process key from os.urandom, drawn at import, mixed in before it. */
+static uint64_t t12_key;
+
+static inline size_t t12_pos(uint64_t k, size_t cap) {
+    return (size_t)(((unsigned __int128)mix64(k ^ t12_key) * cap) >> 64);
 }
+
+static inline size_t t12_home(const T12 *t, uint64_t k) { return t12_pos(k, t->cap); }
 
 static inline size_t t12_size(const T12 *t) { return t->n + (size_t)t->has_zero; }
 
@@ -83,7 +90,7 @@ static inline uint32_t *t12_find(T12 *t, uint64_t k) {
 
 /* place a key known absent (no growth check) */
 static inline void t12_place(E12 *e, size_t cap, uint64_t k, uint32_t v) {
-    size_t i = (size_t)(((unsigned __int128)mix64(k) * cap) >> 64);
+    size_t i = t12_pos(k, cap);
     while (ekey(&e[i]) != 0)
         if (++i == cap)
             i = 0;
@@ -1980,6 +1987,20 @@ static struct PyModuleDef moduledef = {
 };
 
 PyMODINIT_FUNC PyInit__cstage(void) {
+    PyObject *os = PyImport_ImportModule("os");
+    if (os == NULL)
+        return NULL;
+    PyObject *rnd = PyObject_CallMethod(os, "urandom", "i", 8);
+    Py_DECREF(os);
+    if (rnd == NULL)
+        return NULL;
+    if (!PyBytes_Check(rnd) || PyBytes_GET_SIZE(rnd) != 8) {
+        Py_DECREF(rnd);
+        PyErr_SetString(PyExc_RuntimeError, "os.urandom(8) did not return 8 bytes");
+        return NULL;
+    }
+    memcpy(&t12_key, PyBytes_AS_STRING(rnd), 8);
+    Py_DECREF(rnd);
     if (PyType_Ready(&TableType) < 0 || PyType_Ready(&TrackerType) < 0)
         return NULL;
     S_aggregated = PyUnicode_InternFromString("aggregated");
