@@ -586,41 +586,59 @@ static void slot_unref(TrackerObject *t, uint32_t x) {
     }
 }
 
-/* the metric's index, created when new; NONE32 with an exception set */
-static uint32_t metric_index(TrackerObject *t, PyObject *metric) {
-    PyObject *ix = PyDict_GetItemWithError(t->metric_ids, metric);
+/* The index of `key` in `ids` (a dict key -> int index into the array *arr); NONE32 with an
+ * exception set. A key not there gets an index from `free` (a list of free indexes) or a new one at
+ * the end of *arr (`size` bytes an element, capacity *cap, grown by doubling from `first_cap`); then
+ * *created is 1 and the caller fills the element in. */
+static uint32_t pool_index(PyObject *ids, PyObject *key, PyObject *free, void **arr, uint32_t *n,
+                           uint32_t *cap, size_t size, uint32_t first_cap, int *created) {
+    *created = 0;
+    PyObject *ix = PyDict_GetItemWithError(ids, key);
     if (ix != NULL)
         return (uint32_t)PyLong_AsUnsignedLong(ix);
     if (PyErr_Occurred())
         return NONE32;
     uint32_t x;
-    Py_ssize_t nfree = PyList_GET_SIZE(t->free_metrics);
+    Py_ssize_t nfree = PyList_GET_SIZE(free);
     if (nfree) {
-        x = (uint32_t)PyLong_AsUnsignedLong(PyList_GET_ITEM(t->free_metrics, nfree - 1));
+        x = (uint32_t)PyLong_AsUnsignedLong(PyList_GET_ITEM(free, nfree - 1));
     } else {
-        if (t->nmetrics == t->cap_metrics) {
-            uint32_t cap = t->cap_metrics ? t->cap_metrics * 2 : 16;
-            Metric *m = PyMem_RawRealloc(t->metrics, (size_t)cap * sizeof(Metric));
+        if (*n == *cap) {
+            uint32_t grown = *cap ? *cap * 2 : first_cap;
+            void *m = PyMem_RawRealloc(*arr, (size_t)grown * size);
             if (m == NULL) {
                 PyErr_NoMemory();
                 return NONE32;
             }
-            t->metrics = m;
-            t->cap_metrics = cap;
+            *arr = m;
+            *cap = grown;
         }
-        x = t->nmetrics;
+        x = *n;
     }
-    PyObject *key = PyLong_FromUnsignedLong(x);
-    if (key == NULL)
+    PyObject *value = PyLong_FromUnsignedLong(x);
+    if (value == NULL)
         return NONE32;
-    int rc = PyDict_SetItem(t->metric_ids, metric, key);
-    Py_DECREF(key);
+    int rc = PyDict_SetItem(ids, key, value);
+    Py_DECREF(value);
     if (rc < 0)
         return NONE32;
     if (nfree)
-        PyList_SetSlice(t->free_metrics, nfree - 1, nfree, NULL);
+        PyList_SetSlice(free, nfree - 1, nfree, NULL);
     else
-        t->nmetrics++;
+        (*n)++;
+    *created = 1;
+    return x;
+}
+
+/* the metric's index, created when new; NONE32 with an exception set */
+static uint32_t metric_index(TrackerObject *t, PyObject *metric) {
+    int created;
+    void *arr = t->metrics;
+    uint32_t x = pool_index(t->metric_ids, metric, t->free_metrics, &arr, &t->nmetrics, &t->cap_metrics,
+                            sizeof(Metric), 16, &created);
+    t->metrics = arr;
+    if (x == NONE32 || !created)
+        return x;
     Py_INCREF(metric);
     t->metrics[x].obj = metric;
     t->metrics[x].pairs = NULL;
@@ -638,39 +656,13 @@ static uint32_t pair_index(TrackerObject *t, uint32_t m, PyObject *name) {
         if (me->pairs == NULL)
             return NONE32;
     }
-    PyObject *ix = PyDict_GetItemWithError(me->pairs, name);
-    if (ix != NULL)
-        return (uint32_t)PyLong_AsUnsignedLong(ix);
-    if (PyErr_Occurred())
-        return NONE32;
-    uint32_t x;
-    Py_ssize_t nfree = PyList_GET_SIZE(t->free_pairs);
-    if (nfree) {
-        x = (uint32_t)PyLong_AsUnsignedLong(PyList_GET_ITEM(t->free_pairs, nfree - 1));
-    } else {
-        if (t->npairs == t->cap_pairs) {
-            uint32_t cap = t->cap_pairs ? t->cap_pairs * 2 : 64;
-            Pair *p = PyMem_RawRealloc(t->pairs, (size_t)cap * sizeof(Pair));
-            if (p == NULL) {
-                PyErr_NoMemory();
-                return NONE32;
-            }
-            t->pairs = p;
-            t->cap_pairs = cap;
-        }
-        x = t->npairs;
-    }
-    PyObject *key = PyLong_FromUnsignedLong(x);
-    if (key == NULL)
-        return NONE32;
-    int rc = PyDict_SetItem(t->metrics[m].pairs, name, key);
-    Py_DECREF(key);
-    if (rc < 0)
-        return NONE32;
-    if (nfree)
-        PyList_SetSlice(t->free_pairs, nfree - 1, nfree, NULL);
-    else
-        t->npairs++;
+    int created;
+    void *arr = t->pairs;
+    uint32_t x = pool_index(me->pairs, name, t->free_pairs, &arr, &t->npairs, &t->cap_pairs, sizeof(Pair), 64,
+                            &created);
+    t->pairs = arr;
+    if (x == NONE32 || !created)
+        return x;
     Pair *p = &t->pairs[x];
     Py_INCREF(name);
     p->name = name;
