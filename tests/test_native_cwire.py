@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from relay import native, wire
 from relay.proto import remote_v1_pb2 as v1pb
 from relay.protowire import WireError, encode_int64, encode_len, encode_uvarint
+from tests.test_wire_fuzz import mutate
 
 if native.disabled():
     pytest.skip("GPU_RELAY_NATIVE=0: the pure-Python reference only", allow_module_level=True)
@@ -162,29 +163,9 @@ def requests(draw: st.DrawFn, plain: bool = False) -> bytes:
 @st.composite
 def malformed(draw: st.DrawFn) -> bytes:
     raw: bytes = draw(requests())
-    if not raw:
-        return raw
-    i = draw(st.integers(0, len(raw)))
-    kind = draw(st.sampled_from(MUTATIONS))
-    if kind == "truncate":
-        return raw[:i]
-    if kind == "flip":
-        return raw[:i] + bytes((draw(st.integers(0, 255)),)) + raw[i + 1 :]
-    if kind == "insert":
-        return raw[:i] + draw(st.binary(min_size=1, max_size=12)) + raw[i:]
-    if kind == "delete":
-        return raw[:i] + raw[i + draw(st.integers(1, 16)) :]
-    if kind == "huge length":
-        tag = draw(st.sampled_from([b"\x0a", b"\x12", b"\x1a", b"\x22", b"\x09"]))
-        return raw[:i] + tag + encode_uvarint(draw(st.sampled_from([200, 2**31, 2**63, 2**64 - 1]))) + raw[i:]
-    if kind == "bad varint":
-        last = draw(st.sampled_from([b"", b"\x01", b"\x02"]))
-        return raw[:i] + b"\x10" + b"\xff" * draw(st.integers(9, 12)) + last + raw[i:]
-    tags = [j for j, b in enumerate(raw) if b in (0x0A, 0x12, 0x1A, 0x22, 0x09, 0x10, 0x08)]
-    if not tags:
-        return raw
-    j = draw(st.sampled_from(tags))
-    return raw[:j] + bytes(((raw[j] & ~7) | draw(st.sampled_from([0, 1, 2, 3, 5, 6, 7])),)) + raw[j + 1 :]
+    return mutate(draw, raw, MUTATIONS, length_tags=(b"\x0a", b"\x12", b"\x1a", b"\x22", b"\x09"),
+                  lengths=(200, 2**31, 2**63, 2**64 - 1), varint_ends=(b"", b"\x01", b"\x02"),
+                  wire_tags=(0x0A, 0x12, 0x1A, 0x22, 0x09, 0x10, 0x08))
 
 
 # ---- running both ---------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -83,8 +83,16 @@ MUTATIONS = ["none", "truncate", "flip", "insert", "delete", "huge length", "bad
              "wrong wire type"]
 
 
-def mutate(draw: st.DrawFn, raw: bytes) -> bytes:
-    kind = draw(st.sampled_from(MUTATIONS))
+V2_LENGTH_TAGS = (b"\x0a", b"\x12", b"\x1a", b"\x22", b"\x2a")
+V2_WIRE_TAGS = (0x0A, 0x12, 0x1A, 0x22, 0x2A, 0x09, 0x10, 0x11, 0x18)
+
+
+def mutate(draw: st.DrawFn, raw: bytes, kinds: Sequence[str] = MUTATIONS, *,
+           length_tags: Sequence[bytes] = V2_LENGTH_TAGS, lengths: Sequence[int] = (2**31, 2**32 - 1, 2**63, 2**64 - 1),
+           varint_ends: Sequence[bytes] = (b"",), wire_tags: Sequence[int] = V2_WIRE_TAGS) -> bytes:
+    """One of ``kinds`` done to ``raw`` at a drawn position (the defaults: RW 2.0 bodies; the RW 1.0
+    differential tests pass their own tags)."""
+    kind = draw(st.sampled_from(list(kinds)))
     if kind == "none" or not raw:
         return raw
     i = draw(st.integers(0, len(raw) - 1))
@@ -97,15 +105,16 @@ def mutate(draw: st.DrawFn, raw: bytes) -> bytes:
     if kind == "delete":
         return raw[:i] + raw[i + draw(st.integers(1, 16)) :]
     if kind == "huge length":
-        tag = draw(st.sampled_from([b"\x0a", b"\x12", b"\x1a", b"\x22", b"\x2a"]))
-        return raw[:i] + tag + encode_uvarint(draw(st.sampled_from([2**31, 2**32 - 1, 2**63, 2**64 - 1]))) + raw[i:]
+        tag = draw(st.sampled_from(list(length_tags)))
+        return raw[:i] + tag + encode_uvarint(draw(st.sampled_from(list(lengths)))) + raw[i:]
     if kind == "bad varint":
-        return raw[:i] + b"\x10" + b"\xff" * draw(st.integers(9, 12)) + raw[i:]
+        last = draw(st.sampled_from(list(varint_ends)))
+        return raw[:i] + b"\x10" + b"\xff" * draw(st.integers(9, 12)) + last + raw[i:]
     letters = [j for j, b in enumerate(raw) if 0x61 <= b <= 0x7A or 0x41 <= b <= 0x5A]
     if kind == "invalid utf-8" and letters:
         j = draw(st.sampled_from(letters))
         return raw[:j] + draw(st.sampled_from([b"\xff", b"\xc3", b"\xed\xa0\x80"])) + raw[j + 1 :]
-    tags = [j for j, b in enumerate(raw) if b in (0x0A, 0x12, 0x1A, 0x22, 0x2A, 0x09, 0x10, 0x11, 0x18)]
+    tags = [j for j, b in enumerate(raw) if b in wire_tags]
     if kind == "wrong wire type" and tags:
         j = draw(st.sampled_from(tags))
         return raw[:j] + bytes(((raw[j] & ~7) | draw(st.sampled_from([0, 1, 2, 3, 5, 6, 7])),)) + raw[j + 1 :]
