@@ -845,11 +845,13 @@ static void series_forget(TrackerObject *t, uint64_t id) {
 /* A source of (id, metric) items and their labels: observe_batch's items, observe_inputs' inputs,
  * or take()'s kept series. */
 typedef struct ItemSource ItemSource;
+/* borrowed metric into *metric; -1 with an exception */
+typedef int (*ItemGet)(ItemSource *src, Py_ssize_t i, uint64_t *id, PyObject **metric);
+typedef PyObject *(*ItemLabels)(ItemSource *src, Py_ssize_t i); /* new reference */
 struct ItemSource {
     Py_ssize_t n;
-    /* borrowed metric into *metric; -1 with an exception */
-    int (*get)(ItemSource *src, Py_ssize_t i, uint64_t *id, PyObject **metric);
-    PyObject *(*labels)(ItemSource *src, Py_ssize_t i); /* new reference */
+    ItemGet get;
+    ItemLabels labels;
     void *ctx;
     PyObject *seq;
     PyObject *labels_of;
@@ -969,32 +971,28 @@ fail:
     return NULL;
 }
 
-static PyObject *Tracker_observe_batch(TrackerObject *t, PyObject *args) {
+/* observe_batch / observe_inputs: (sequence, labels_of, gen) read by `get`/`labels` */
+static PyObject *observe_sequence(TrackerObject *t, PyObject *args, const char *format, const char *what,
+                                  ItemGet get, ItemLabels labels) {
     PyObject *items, *labels_of;
     long long gen;
-    if (!PyArg_ParseTuple(args, "OOL:observe_batch", &items, &labels_of, &gen))
+    if (!PyArg_ParseTuple(args, format, &items, &labels_of, &gen))
         return NULL;
-    PyObject *seq = PySequence_Fast(items, "items must be a sequence");
+    PyObject *seq = PySequence_Fast(items, what);
     if (seq == NULL)
         return NULL;
-    ItemSource src = {PySequence_Fast_GET_SIZE(seq), items_get, items_labels, NULL, seq, labels_of};
+    ItemSource src = {PySequence_Fast_GET_SIZE(seq), get, labels, NULL, seq, labels_of};
     PyObject *r = observe_source(t, &src, gen);
     Py_DECREF(seq);
     return r;
 }
 
+static PyObject *Tracker_observe_batch(TrackerObject *t, PyObject *args) {
+    return observe_sequence(t, args, "OOL:observe_batch", "items must be a sequence", items_get, items_labels);
+}
+
 static PyObject *Tracker_observe_inputs(TrackerObject *t, PyObject *args) {
-    PyObject *inputs, *labels_of;
-    long long gen;
-    if (!PyArg_ParseTuple(args, "OOL:observe_inputs", &inputs, &labels_of, &gen))
-        return NULL;
-    PyObject *seq = PySequence_Fast(inputs, "inputs must be a sequence");
-    if (seq == NULL)
-        return NULL;
-    ItemSource src = {PySequence_Fast_GET_SIZE(seq), inputs_get, inputs_labels, NULL, seq, labels_of};
-    PyObject *r = observe_source(t, &src, gen);
-    Py_DECREF(seq);
-    return r;
+    return observe_sequence(t, args, "OOL:observe_inputs", "inputs must be a sequence", inputs_get, inputs_labels);
 }
 
 /* SeriesTracker.observe: True if the series was not active */
