@@ -16,7 +16,7 @@ import threading
 from types import FrameType
 from typing import Any
 
-from relay import __version__, native
+from relay import __version__, interpreter, native
 from relay.config import Config, ConfigError, load_config
 from relay.configwatch import DEFAULT_INTERVAL_S, ConfigWatcher
 from relay.destinations import SetupError
@@ -106,6 +106,7 @@ def run(config_path: str, *, enable_lifecycle: bool = False,
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     signal.signal(signal.SIGHUP, on_hup)
+    interpreter.tune()  # after start-up: what it built is frozen out of the collector's walks
     native.warn_if_python()  # once, after a successful start (a refused start stays one line)
     log.info("%s", startup_line(config, runtime, servers))
     # Wait with a timeout: the kernel may deliver SIGHUP/SIGTERM to any of our threads, and Python runs

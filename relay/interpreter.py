@@ -1,0 +1,63 @@
+"""The interpreter's settings for the relay's workload, applied once after a successful start.
+
+Every request makes and frees a few short-lived Python objects per series (the route loop's
+entries, until the native core stops building them) and runs on one of several threads (a thread
+per connection, the group committer, a sender per shard). CPython's defaults suit neither:
+
+- **Garbage collection.** A young-generation collection runs every 700 net container allocations
+  and walks every young object; each tenth one also walks the middle generation, and full
+  collections walk everything the process holds: the configuration, compiled rules, modules.
+  ``gc.freeze()`` after start-up moves those into the permanent generation (never walked again),
+  and a young threshold of ``GC_THRESHOLD[0]`` makes collections rare, sized to a request's burst
+  rather than to a few series. Cycles are still collected, later; the per-series objects are
+  tuples of bytes, ints and str, freed by their reference counts, not by the collector.
+- **The GIL switch interval.** A thread waiting for the GIL asks the running one to drop it after
+  ``sys.getswitchinterval()`` (5 ms by default). A request's route and take run in C holding the
+  GIL for a few milliseconds, so with four connections, the committer and the senders the default
+  forces hand-offs (a context switch and a cold cache each) in the middle of those passes.
+  ``SWITCH_INTERVAL_S`` lets most passes finish; threads blocked in I/O do not wait on it (they
+  release the GIL), and no thread waits longer than the interval for its turn.
+
+Measured side by side (``bench/interpreter_bench.py``: the same relay with and without them,
+alternating runs, issue 9's job): keep 4 names 2.28 -> 1.96 us per sample (0.86x), pass-through
+4.15 -> 4.09 (0.99x: its cost is elsewhere, in bytes moved and compressed). bench/README.md has the run.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from dataclasses import dataclass
+
+GC_THRESHOLD = (50_000, 20, 100)  # young, middle, old (CPython's default: 700, 10, 10)
+SWITCH_INTERVAL_S = 0.02  # CPython's default: 0.005
+
+
+@dataclass(frozen=True)
+class Settings:
+    gc_threshold: tuple[int, int, int]
+    switch_interval_s: float
+    frozen: bool  # gc.freeze() was called
+
+
+def current() -> Settings:
+    threshold = gc.get_threshold()
+    return Settings((threshold[0], threshold[1], threshold[2]), sys.getswitchinterval(), gc.get_freeze_count() > 0)
+
+
+def tune() -> Settings:
+    """Apply the relay's settings (see the module text); returns the ones before, for ``restore``."""
+    before = current()
+    gc.collect()  # start-up garbage goes now, not into the permanent generation
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLD)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    return before
+
+
+def restore(before: Settings) -> None:
+    """Undo ``tune`` (tests; a process embedding the relay)."""
+    gc.set_threshold(*before.gc_threshold)
+    sys.setswitchinterval(before.switch_interval_s)
+    if not before.frozen:
+        gc.unfreeze()
