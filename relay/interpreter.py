@@ -17,6 +17,14 @@ per connection, the group committer, a sender per shard). CPython's defaults sui
   forces hand-offs (a context switch and a cold cache each) in the middle of those passes.
   ``SWITCH_INTERVAL_S`` lets most passes finish; threads blocked in I/O do not wait on it (they
   release the GIL), and no thread waits longer than the interval for its turn.
+- **glibc's malloc thresholds.** A request's decompressed body, its queue pieces and a sender's
+  batch are hundreds of kilobytes to megabytes each. Above glibc's mmap threshold (128 KiB,
+  raised only by a freed mmapped chunk) each is a fresh mmap: every page faulted in and zeroed,
+  then unmapped at free; below it, freed tops over the trim threshold go back with madvise. Fixed
+  thresholds (``MMAP_THRESHOLD_BYTES``, ``TRIM_THRESHOLD_BYTES``) keep those buffers in the heap and
+  reuse them: minor page faults on issue 9's pass-through job fell from about 227,000 to about
+  18,000. Peak RSS does not change; memory freed stays with the process up to the trim threshold
+  per arena. Only where the C library is glibc (``mallopt``); elsewhere nothing is changed.
 
 Measured side by side (``bench/interpreter_bench.py``: the same relay with and without them,
 alternating runs, issue 9's job): keep 4 names 2.28 -> 1.96 us per sample (0.86x), pass-through
@@ -25,12 +33,18 @@ alternating runs, issue 9's job): keep 4 names 2.28 -> 1.96 us per sample (0.86x
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 GC_THRESHOLD = (50_000, 20, 100)  # young, middle, old (CPython's default: 700, 10, 10)
 SWITCH_INTERVAL_S = 0.02  # CPython's default: 0.005
+MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024  # glibc's largest on 64-bit (its default: 128 KiB, dynamic)
+TRIM_THRESHOLD_BYTES = 64 * 1024 * 1024  # glibc's default: 128 KiB (twice the dynamic mmap threshold)
+M_TRIM_THRESHOLD = -1  # <malloc.h>
+M_MMAP_THRESHOLD = -3
 
 
 @dataclass(frozen=True)
@@ -45,9 +59,30 @@ def current() -> Settings:
     return Settings((threshold[0], threshold[1], threshold[2]), sys.getswitchinterval(), gc.get_freeze_count() > 0)
 
 
-def tune() -> Settings:
-    """Apply the relay's settings (see the module text); returns the ones before, for ``restore``."""
+def glibc() -> Any | None:
+    """The process's C library when it is glibc (it has ``mallopt``), else None."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018 (glibc's own symbol: musl has mallopt too, not this)
+        return libc if hasattr(libc, "mallopt") else None
+    except (OSError, AttributeError):
+        return None
+
+
+def tune_malloc(libc: Any | None) -> bool:
+    """Fix glibc's mmap and trim thresholds (see the module text). True when both took; ``libc``
+    None (not glibc) changes nothing. glibc cannot go back to its dynamic thresholds: no undo."""
+    if libc is None:
+        return False
+    ok = libc.mallopt(ctypes.c_int(M_MMAP_THRESHOLD), ctypes.c_int(MMAP_THRESHOLD_BYTES)) == 1
+    return bool(libc.mallopt(ctypes.c_int(M_TRIM_THRESHOLD), ctypes.c_int(TRIM_THRESHOLD_BYTES)) == 1 and ok)
+
+
+def tune(libc: Any | None = None) -> Settings:
+    """Apply the relay's settings (see the module text); returns the ones before, for ``restore``.
+    ``libc``: the C library to tune (default: this process's, when it is glibc)."""
     before = current()
+    tune_malloc(glibc() if libc is None else libc)
     gc.collect()  # start-up garbage goes now, not into the permanent generation
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLD)
@@ -56,7 +91,7 @@ def tune() -> Settings:
 
 
 def restore(before: Settings) -> None:
-    """Undo ``tune`` (tests; a process embedding the relay)."""
+    """Undo ``tune``'s interpreter settings (tests; a process embedding the relay); malloc's stay."""
     gc.set_threshold(*before.gc_threshold)
     sys.setswitchinterval(before.switch_interval_s)
     if not before.frozen:
