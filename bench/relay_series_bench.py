@@ -346,6 +346,9 @@ def memory_table(base: float, peak: float, rows: Sequence[MemRow]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    if {"-h", "--help"} & set(argv):
+        print(__doc__)
+        return 0
     quick = "--quick" in argv
     rows = [in_process(name, rules, shape, 8 if quick else 40, 1 if quick else 3)
             for name, rules in RULE_SETS for shape in SHAPES]
