@@ -7,10 +7,12 @@ user+system of every thread of the program (/proc/PID/stat), peak RSS its VmHWM.
 
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -19,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from bench.receivers import Contents, Receiver, Sink, VictoriaMetrics
 from bench.rw_payload import DROP_LABELS, KEEP, PER_REQUEST, RW1_HEADERS, Payload
@@ -51,27 +54,46 @@ def rss_mb(pid: int) -> float:
 
 
 def post_all(url: str, reqs: Sequence[bytes], headers: Mapping[str, str] = RW1_HEADERS) -> None:
-    """POST every request, ``SENDERS`` at a time; 429/5xx/network errors are retried like Prometheus."""
+    """POST every request, ``SENDERS`` at a time, each sender on its own keep-alive connection as
+    Prometheus's remote-write shards keep theirs; 429/5xx/network errors are retried like Prometheus
+    (a failed connection is replaced)."""
+    parts = urlsplit(url)
+    host, port, path = parts.hostname or "127.0.0.1", parts.port or 80, parts.path or "/"
+    local = threading.local()
+    opened: list[http.client.HTTPConnection] = []
 
     def one(body: bytes) -> None:
-        r = urllib.request.Request(url, data=body, method="POST", headers=dict(headers))
-        last: Exception | None = None
+        last: Exception | str | None = None
         for _ in range(100):
+            conn: http.client.HTTPConnection | None = getattr(local, "conn", None)
+            if conn is None:
+                conn = local.conn = http.client.HTTPConnection(host, port, timeout=60)
+                opened.append(conn)
             try:
-                with urllib.request.urlopen(r, timeout=60) as resp:
-                    resp.read()
+                conn.request("POST", path, body=body, headers=dict(headers))
+                resp = conn.getresponse()
+                text = resp.read()
+                if resp.will_close:
+                    conn.close()
+                    local.conn = None
+                if resp.status < 300:
                     return
-            except urllib.error.HTTPError as e:
-                if e.code not in (408, 429) and e.code < 500:
-                    raise RuntimeError(f"{url} answered {e.code}: {e.read()[:200]!r}") from e
-                last = e
-            except OSError as e:
+                if resp.status not in (408, 429) and resp.status < 500:
+                    raise RuntimeError(f"{url} answered {resp.status}: {text[:200]!r}")
+                last = f"{resp.status} {text[:200]!r}"
+            except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                local.conn = None
                 last = e
             time.sleep(0.1)
         raise RuntimeError(f"could not post to {url}: {last}")
 
-    with ThreadPoolExecutor(SENDERS) as ex:
-        list(ex.map(one, reqs))
+    try:
+        with ThreadPoolExecutor(SENDERS) as ex:
+            list(ex.map(one, reqs))
+    finally:
+        for c in opened:
+            c.close()
 
 
 @dataclass
