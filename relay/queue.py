@@ -293,8 +293,7 @@ class DurableQueue(QueueState):
                 self._delivered -= freed_delivered
                 self._apply_added(added)
                 self._apply_removed(removed)
-                self._last_id = max(self._last_id, last_id)
-                self._cond.notify_all()
+                self._last_id = max(self._last_id, last_id)  # (_apply_added woke the shards' consumers)
             self._maintain(db)
 
     def _trim(self, db: sqlite3.Connection, d_bytes: int, added: dict[int, list[int]],
@@ -525,7 +524,7 @@ class DurableQueue(QueueState):
             self._flush_delivered(self._wdb)
             with self._cond:
                 self._closed = True
-                self._cond.notify_all()
+                self._wake_all()
             self._write_mark()
         with self._wlock, self._rlock:
             self._rdb.close()

@@ -1,6 +1,8 @@
 """The in-memory side of a DurableQueue: counts per shard, put sequence numbers for waiting
-consumers, the ids consumers hold and the acks not yet written. One Condition guards it all, so
-depth, shards and wait never touch SQLite (they answer even after close)."""
+consumers, the ids consumers hold and the acks not yet written. One lock guards it all, so
+depth, shards and wait never touch SQLite (they answer even after close). Puts and commits wait on
+``_cond``; each shard's consumer waits on its own condition over the same lock, woken only by a
+commit that added entries to that shard (or by close), not by every commit of every shard."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ import threading
 
 class QueueState:
     def __init__(self) -> None:
-        self._cond = threading.Condition()  # guards everything below
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)  # guards everything below
+        self._shard_cond: dict[int, threading.Condition] = {}  # shard -> its consumer's wake-up, same lock
         self._closed = False
         self._samples = 0
         self._bytes = 0
@@ -27,6 +31,9 @@ class QueueState:
             self._entries[shard] = self._entries.get(shard, 0) + n
             self._shard_samples[shard] = self._shard_samples.get(shard, 0) + s
             self._put_seq[shard] = self._put_seq.get(shard, 0) + 1
+            cond = self._shard_cond.get(shard)
+            if cond is not None:
+                cond.notify_all()
 
     def _apply_removed(self, removed: dict[int, list[int]]) -> None:
         for shard, (n, s) in removed.items():
@@ -59,10 +66,19 @@ class QueueState:
         """Block until something was put for ``shard`` since its last ``peek`` (True), or timeout or
         close (False). Entries present at open count as put, so a first wait returns at once."""
         with self._cond:
-            return self._cond.wait_for(
+            cond = self._shard_cond.get(shard)
+            if cond is None:
+                cond = self._shard_cond[shard] = threading.Condition(self._lock)
+            return cond.wait_for(
                 lambda: self._closed or self._put_seq.get(shard, 0) != self._seen_seq.get(shard, 0),
                 timeout,
             ) and not self._closed
+
+    def _wake_all(self) -> None:
+        """Under _cond: wake every waiter, puts and consumers (close)."""
+        self._cond.notify_all()
+        for cond in self._shard_cond.values():
+            cond.notify_all()
 
     @property
     def closed(self) -> bool:

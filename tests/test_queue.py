@@ -233,6 +233,37 @@ def test_wait_times_out_without_puts_and_wakes_on_a_put_for_its_shard(queue: Dur
     assert woke == [True]
 
 
+class _CountingSeq(dict[int, int]):
+    """The queue's put sequence numbers, counting how often a waiter of ``shard`` looked at them."""
+
+    def __init__(self, base: dict[int, int], shard: int) -> None:
+        super().__init__(base)
+        self.shard, self.looks = shard, 0
+
+    def get(self, key: int, default: int = 0) -> int:  # type: ignore[override]
+        if key == self.shard:
+            self.looks += 1
+        return super().get(key, default)
+
+
+def test_commits_to_other_shards_do_not_wake_a_waiting_consumer(queue: DurableQueue) -> None:
+    # Every wake-up is a context switch and a GIL hand-off: a consumer sleeps through the other shards' puts
+    seq = _CountingSeq(queue._put_seq, 0)
+    queue._put_seq = seq
+    woke: list[bool] = []
+    t = threading.Thread(target=lambda: woke.append(queue.wait(0, 10)))
+    t.start()
+    time.sleep(0.05)
+    looks_before = seq.looks
+    for i in range(30):
+        queue.put([(1 + i % 3, b"other shards", 1)])
+    time.sleep(0.05)
+    assert woke == [] and seq.looks == looks_before  # not one wake-up for 30 commits elsewhere
+    queue.put([(0, b"mine", 1)])
+    t.join(2)
+    assert woke == [True]
+
+
 def test_a_put_between_peek_and_wait_is_not_missed(queue: DurableQueue) -> None:
     assert queue.peek(0, 10) == []
     queue.put([(0, b"x", 1)])
