@@ -5,14 +5,18 @@ through the relay's default HTTP transport, and every sample must arrive."""
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
+import cramjam
 import pytest
 import snappy
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from bench.receivers import VictoriaMetrics
@@ -131,3 +135,51 @@ def test_a_sigv4_receiver_verifies_the_payload_hash_of_a_concatenated_body(
         got = rx.samples()
     assert len(got) == EXPECTED_SAMPLES
     assert sum(v for _, points in got for _, v in points) == EXPECTED_SUM
+
+
+def _store(kind: str, part: bytes) -> tuple[bytes, int | None]:
+    if kind == "pack":
+        return queue_codec.pack(part)
+    if kind == "cramjam":
+        return bytes(cramjam.snappy.compress_raw(part)), len(part)
+    return part, None
+
+
+KINDS = st.sampled_from(["pack", "cramjam", "raw"])
+
+
+def test_go_snappy_in_victoria_metrics_accepts_any_byte_split_of_a_request_concatenated(tmp_path: Path) -> None:
+    """Rows cut at any byte (not only between series), each stored as pack() would, as another
+    encoder's block, or raw: the concatenation is one request victoria-metrics decodes (a 204 comes
+    after its snappy and protobuf decoding), and every sample of every request is stored."""
+    require_binary("victoria-metrics")
+    vm = VictoriaMetrics(tmp_path / "vm")
+    serial = itertools.count()
+    posted = [0]
+    transport = HttpTransport()
+
+    @settings(max_examples=40, deadline=None)
+    @given(st.integers(1, 60), st.lists(st.tuples(st.integers(0, 1 << 20), KINDS), max_size=8), KINDS)
+    def one_request(n: int, cuts: list[tuple[int, str]], last: str) -> None:
+        k = next(serial)
+        now_ms = int(time.time() * 1000)
+        payload = encode_write_request([
+            ((("__name__", "sendcat_property"), ("case", str(k)), ("series", str(j)), ("pad", "p" * (j % 7) * 40)),
+             [(now_ms, float(j))]) for j in range(n)])
+        edges = sorted({0, len(payload), *(c % (len(payload) + 1) for c, _ in cuts)})
+        kinds = [kind for _, kind in cuts] + [last]
+        rows = [_store(kinds[i % len(kinds)], payload[a:b]) for i, (a, b) in enumerate(itertools.pairwise(edges))]
+        r = transport.post(vm.url, queue_codec.concat(rows),
+                           {"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf"}, 10)
+        assert r.status == 204, r.body
+        posted[0] += n
+
+    try:
+        one_request()
+        assert posted[0] > 0
+        assert wait_until(lambda: vm.rows() >= posted[0], timeout=20)
+        assert vm.rows() == posted[0]
+        assert vm.contents().names == {"sendcat_property": posted[0]}
+    finally:
+        transport.close()
+        vm.close()
