@@ -20,8 +20,13 @@ Payloads (relay.queue_codec)
     A row holds a piece's WriteRequest bytes, as a snappy block when that is clearly smaller
     (``raw_len`` says so; rows of older files are raw and are read as they are). SQLite's cost per
     sample is mostly bytes (WAL, fsync, checkpoint, freed pages), so this cut the queue's CPU per
-    sample about 3x; counts, bounds and depth stay in raw bytes. A consumer waiting for a fuller
-    batch peeks only entries after those it holds (``peek(..., after=)``): each row is read once.
+    sample about 3x (bench/queue_bench.py --pack-min: still about 4x with the sender below); counts,
+    bounds and depth stay in raw bytes. ``peek`` hands rows out as stored (``Entry.stored``,
+    ``Entry.raw_len``) once their checksum (``crc``, written at put) matches: the sender concatenates
+    them into its snappy body without decompressing. A row that fails its checksum (rows of files
+    from before ``crc``: that fails to decompress) is logged once at ERROR and handed out empty.
+    A consumer waiting for a fuller batch peeks only entries after those it holds
+    (``peek(..., after=)``): each row is read once.
 
 Bounded by max_disk (see relay.queue_files for the disk plan)
     Payload plus ENTRY_OVERHEAD_BYTES per entry stays under max_disk, and from 4 MiB on the pages

@@ -3,8 +3,8 @@
 SQLite's cost per queued sample is mostly bytes: the WAL write and fsync at commit, the checkpoint
 into the database file, the pages an ack frees, the pages a peek reads. Remote-write payloads are
 label text that snappy shrinks several times (the relay bench's series: about 8x), so storing them
-compressed cuts that cost by about as much, for one snappy call at put and one at peek (the sender
-compresses the whole batch again for the wire: snappy blocks cannot be concatenated).
+compressed cuts that cost by about as much, for one snappy call at put: the sender sends the
+stored blocks as they are (``concat`` below), so that call is the wire's compression too.
 
 A row's ``raw_len`` column says which: NULL, the payload is the WriteRequest itself (every row of a
 file written before the column existed, rows set aside by a salvage, payloads snappy does not
@@ -17,8 +17,10 @@ its uncompressed length, then literal and copy elements; a copy's offset counts 
 current output position and never reaches before the block's own start. So the element streams of
 several blocks, one after the other under one new varint of the summed lengths, decode to the
 blocks' contents concatenated: each block's copies stay within its own output. Raw rows join as
-literal elements (a run of them long enough to pay is compressed once, together). The outgoing
-body is so built by copying stored bytes; only a 413 or an oversized row makes the sender decode.
+literal elements; a run of consecutive raw rows of MIN_PACK_BYTES or more is compressed once,
+together, where that is smaller (small rows stored raw would otherwise go out several times larger
+than before). The outgoing body is so built by copying stored bytes; only a 413 or an oversized
+row makes the sender decode.
 
 Integrity: SQLite has no checksums, and a sender that does not decompress would no longer notice a
 damaged block. ``checksum`` (CRC-32 of the stored bytes and the raw length, about 8x cheaper than
