@@ -17,6 +17,10 @@ main's queue and sender side by side with this one:
     .venv/bin/python bench/queue_bench.py --compare /work/main  # both, alternating, --repeat times each
     .venv/bin/python bench/queue_bench.py --one-row             # each request as ONE row (shard 0)
 
+``--pack-min N`` sets relay.queue_codec.MIN_PACK_BYTES in both trees (``--pack-min 1099511627776``:
+every row stored raw, so the sender compresses each batch itself, what the queue did before rows were
+compressed): the cost of row compression against SQLite's cost per byte, measured.
+
 ``--one-row`` puts each request as one row instead of one per shard: an upper bound of what "one
 row per request and destination" (issue 9) could save on the put side (the drain side then runs on
 one shard thread, so compare the put wall and the CPU, not the latency).
@@ -105,12 +109,14 @@ def run_once(args: argparse.Namespace) -> dict[str, float]:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from prometheus_client import CollectorRegistry
 
-    from relay import wire
+    from relay import queue_codec, wire
     from relay.metrics import RelayMetrics
     from relay.queue import DurableQueue
     from relay.sender import Sender, SenderSettings
     from relay.service import default_transport
 
+    if args.pack_min is not None:
+        queue_codec.MIN_PACK_BYTES = args.pack_min
     reqs = _pieces(args, wire)
     if args.one_row:
         reqs = [[(0, b"".join(p[1] for p in r), sum(p[2] for p in r), min(p[3] for p in r))] for r in reqs]
@@ -184,6 +190,8 @@ def main() -> None:
     ap.add_argument("--compare", default="", help="a second checkout: run both, alternating")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--one-row", action="store_true", help="each request as one row (shard 0)")
+    ap.add_argument("--pack-min", type=int, default=None,
+                    help="queue_codec.MIN_PACK_BYTES for the run (e.g. 1099511627776: every row stored raw)")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child run: print JSON
     args = ap.parse_args()
     if args.one:
@@ -200,7 +208,8 @@ def main() -> None:
             for _label, code in codes:
                 cmd = [sys.executable, __file__, "--one", "--requests", str(args.requests), "--series",
                        str(args.series), "--shards", str(args.shards), "--kept", kept, "--code", code,
-                       *(["--one-row"] if args.one_row else [])]
+                       *(["--one-row"] if args.one_row else []),
+                       *(["--pack-min", str(args.pack_min)] if args.pack_min is not None else [])]
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True,
                                      env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
                 r = json.loads(out.stdout.strip().splitlines()[-1])

@@ -20,8 +20,13 @@ Payloads (relay.queue_codec)
     A row holds a piece's WriteRequest bytes, as a snappy block when that is clearly smaller
     (``raw_len`` says so; rows of older files are raw and are read as they are). SQLite's cost per
     sample is mostly bytes (WAL, fsync, checkpoint, freed pages), so this cut the queue's CPU per
-    sample about 3x; counts, bounds and depth stay in raw bytes. A consumer waiting for a fuller
-    batch peeks only entries after those it holds (``peek(..., after=)``): each row is read once.
+    sample about 3x (bench/queue_bench.py --pack-min: still about 4x with the sender below); counts,
+    bounds and depth stay in raw bytes. ``peek`` hands rows out as stored (``Entry.stored``,
+    ``Entry.raw_len``) once their checksum (``crc``, written at put) matches: the sender concatenates
+    them into its snappy body without decompressing. A row that fails its checksum (rows of files
+    from before ``crc``: that fails to decompress) is logged once at ERROR and handed out empty.
+    A consumer waiting for a fuller batch peeks only entries after those it holds
+    (``peek(..., after=)``): each row is read once.
 
 Bounded by max_disk (see relay.queue_files for the disk plan)
     Payload plus ENTRY_OVERHEAD_BYTES per entry stays under max_disk, and from 4 MiB on the pages
@@ -80,17 +85,17 @@ class _Pending:
     __slots__ = ("done", "dropped", "error", "rows")
 
     def __init__(self, pieces: list[Piece]) -> None:
-        # (shard, stored payload, raw_len or None, raw size, samples, oldest_ts_ms): packed by the
-        # putting thread, before it joins the group commit
+        # (shard, stored payload, raw_len or None, crc, raw size, samples, oldest_ts_ms): packed by
+        # the putting thread, before it joins the group commit
         self.rows = [(shard, *_packed(payload), samples, oldest) for shard, payload, samples, oldest in pieces]
         self.done = False
         self.dropped = 0
         self.error: BaseException | None = None
 
 
-def _packed(payload: bytes) -> tuple[bytes, int | None, int]:
+def _packed(payload: bytes) -> tuple[bytes, int | None, int, int]:
     stored, raw_len = queue_codec.pack(payload)
-    return stored, raw_len, len(payload)
+    return stored, raw_len, queue_codec.checksum(stored, raw_len), len(payload)
 
 
 class DurableQueue(QueueState):
@@ -266,10 +271,10 @@ class DurableQueue(QueueState):
                 first_id: int | None = None
                 last_id = 0
                 for p in batch:
-                    for shard, stored, raw_len, size, samples, oldest in p.rows:
+                    for shard, stored, raw_len, crc, size, samples, oldest in p.rows:
                         cur = db.execute(
-                            "INSERT INTO entries (shard, samples, enqueued_at, oldest_ts, payload, raw_len) "
-                            "VALUES (?, ?, ?, ?, ?, ?)", (shard, samples, now, oldest, stored, raw_len))
+                            "INSERT INTO entries (shard, samples, enqueued_at, oldest_ts, payload, raw_len, crc) "
+                            "VALUES (?, ?, ?, ?, ?, ?, ?)", (shard, samples, now, oldest, stored, raw_len, crc))
                         first_id = first_id if first_id is not None else cur.lastrowid
                         last_id = cur.lastrowid or 0
                         a = added.setdefault(shard, [0, 0])
@@ -468,14 +473,14 @@ class DurableQueue(QueueState):
         total = 0
         with self._rlock:
             cur = self._rdb.execute(
-                f"SELECT id, shard, payload, samples, enqueued_at, oldest_ts, raw_len FROM entries WHERE {where} "
-                "ORDER BY id LIMIT ?", (*args, max(1, max_entries) + len(skip)))
-            for rid, shard, payload, samples, enqueued_at, oldest, raw_len in cur:
+                f"SELECT id, shard, payload, samples, enqueued_at, oldest_ts, raw_len, crc FROM entries "
+                f"WHERE {where} ORDER BY id LIMIT ?", (*args, max(1, max_entries) + len(skip)))
+            for rid, shard, payload, samples, enqueued_at, oldest, raw_len, crc in cur:
                 if rid in skip:
                     continue
                 if (out or extend) and (total + samples > max_samples or len(out) >= max_entries):
                     break
-                out.append(self._entry(rid, shard, payload, raw_len, samples, enqueued_at, oldest))
+                out.append(self._entry(rid, shard, payload, raw_len, crc, samples, enqueued_at, oldest))
                 total += samples
             cur.close()
             with self._cond:  # still under the read lock: a trimming commit sees it (see _commit)
@@ -485,11 +490,18 @@ class DurableQueue(QueueState):
                     self._held[key] = {e.id for e in out}
         return out
 
-    def _entry(self, rid: int, shard: int, stored: bytes, raw_len: int | None, samples: int,
+    def _entry(self, rid: int, shard: int, stored: bytes, raw_len: int | None, crc: int | None, samples: int,
                enqueued_at: float, oldest: int) -> Entry:
+        """The row as stored once its checksum matches (a row from before checksums: decompressed, the
+        old check). SQLite has no checksums of its own: a damaged page reads back as garbage."""
+        stored = bytes(stored)
         try:
-            return Entry(rid, shard, queue_codec.unpack(bytes(stored), raw_len), samples, enqueued_at, oldest)
-        except queue_codec.CodecError as e:  # SQLite has no checksums: a damaged page reads back as garbage
+            if crc is None:
+                return Entry(rid, shard, queue_codec.unpack(stored, raw_len), samples, enqueued_at, oldest)
+            if queue_codec.checksum(stored, raw_len) != crc:
+                raise queue_codec.CodecError("checksum mismatch")
+            return Entry(rid, shard, stored, samples, enqueued_at, oldest, raw_len)
+        except queue_codec.CodecError as e:
             log.error("queue %s: entry %d is damaged (%s); its %d samples are dropped", self.name, rid, e,
                       samples, extra={"destination": self.name, "reason": "queue_damaged"})
             return Entry(rid, shard, b"", 0, enqueued_at, oldest)

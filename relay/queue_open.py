@@ -34,7 +34,8 @@ CREATE TABLE IF NOT EXISTS entries (
     enqueued_at REAL NOT NULL,
     payload BLOB NOT NULL,
     oldest_ts INTEGER NOT NULL DEFAULT 0,
-    raw_len INTEGER
+    raw_len INTEGER,
+    crc INTEGER
 );
 CREATE INDEX IF NOT EXISTS entries_shard ON entries (shard, id);
 """
@@ -44,6 +45,7 @@ Connect = Callable[[], sqlite3.Connection]
 # Payload format of a row (queue_codec): raw_len NULL, the payload is the RW1 WriteRequest itself
 # (every row of a file written before this column existed); raw_len = n, the payload is a snappy
 # block of those n bytes. SIZE is a row's payload size as the queue accounts it: the raw bytes.
+# crc: queue_codec.checksum(payload, raw_len), checked at peek; NULL in rows from before it existed.
 RAW_LEN = "raw_len"
 SIZE = "IFNULL(raw_len, LENGTH(payload))"
 
@@ -69,6 +71,8 @@ def _connections(open_db: Connect, check: bool) -> tuple[sqlite3.Connection, sql
             wdb.execute("ALTER TABLE entries ADD COLUMN oldest_ts INTEGER NOT NULL DEFAULT 0")
         if "raw_len" not in cols:  # a file from before payloads were stored compressed: its rows are raw
             wdb.execute(f"ALTER TABLE entries ADD COLUMN {RAW_LEN} INTEGER")
+        if "crc" not in cols:  # a file from before rows had checksums: its rows are checked by decoding
+            wdb.execute("ALTER TABLE entries ADD COLUMN crc INTEGER")
         if check:
             (res,) = wdb.execute("PRAGMA quick_check(1)").fetchone()
             if res != "ok":

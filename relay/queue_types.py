@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from relay import queue_codec
+
 Piece = tuple[int, bytes, int, int]  # (shard, RW1 WriteRequest bytes, samples, oldest sample ts ms or 0)
 
 ENTRY_OVERHEAD_BYTES = 64  # row header, index entry and page slack per entry, for the payload bound
@@ -33,12 +35,22 @@ class QueueOpenError(QueueError):
 
 @dataclass(frozen=True, slots=True)
 class Entry:
+    """A queued row as stored: ``stored`` is the WriteRequest itself (``raw_len`` None) or a snappy
+    block of ``raw_len`` bytes (relay.queue_codec), already checked against its checksum. The sender
+    concatenates stored forms (queue_codec.concat); ``payload`` decodes, for what must look inside."""
+
     id: int
     shard: int
-    payload: bytes
+    stored: bytes
     samples: int
     enqueued_at: float
     oldest_ts_ms: int = 0
+    raw_len: int | None = None
+
+    @property
+    def payload(self) -> bytes:
+        """The entry's WriteRequest bytes (decompressed on each call when it is stored compressed)."""
+        return self.stored if self.raw_len is None else queue_codec.unpack(self.stored, self.raw_len)
 
     @property
     def oldest_time(self) -> float:

@@ -3,8 +3,11 @@
 Each shard is a FIFO read by exactly one thread, so per-series order holds (series are sharded by
 hash before the queue) and a slow shard does not hold up the others. A thread batches consecutive
 entries of its shard up to ``max_samples_per_send`` (concatenated RW1 payloads are one valid
-WriteRequest), waiting at most ``batch_send_deadline`` for a batch to fill, snappy-compresses it,
-and hands it to ``send_batch``: one retry loop with one deadline.
+WriteRequest), waiting at most ``batch_send_deadline`` for a batch to fill, and hands it to
+``send_batch``: one retry loop with one deadline. The snappy body is built from the rows as the
+queue stores them (relay.queue_codec.concat: compressed rows' elements copied under one header),
+not decompressed and compressed again; a batch is decoded only to split it (a 413, or a row over
+max_samples_per_send).
 
 Retry classes (DESIGN.md; reference §1, §5, §6):
   2xx                              sent
@@ -51,7 +54,7 @@ from dataclasses import dataclass
 
 import snappy
 
-from relay import rwsplit
+from relay import queue_codec, rwsplit
 from relay.metrics import RelayMetrics
 from relay.protowire import WireError
 from relay.queue import DurableQueue, Entry
@@ -298,45 +301,45 @@ class Sender:
             self.queue.ack([e.id for e in stale])
         if not fresh:
             return
-        payload = b"".join(e.payload for e in fresh)
         samples = sum(e.samples for e in fresh)
         oldest = min(e.oldest_time for e in fresh)
-        if samples <= s.max_samples_per_send:
-            parts = [(payload, samples)]
-        else:
-            try:
-                parts = rwsplit.chunks(payload, s.max_samples_per_send)
-            except WireError as e:
-                self._log_failure("malformed", f"{self.name}: dropping {samples} queued samples that do "
-                                  f"not parse as a WriteRequest: {e}")
-                self._fail(samples, 0, "malformed", 0)
-                self.queue.ack([e.id for e in fresh])
-                return
-        for part, n in parts:
-            if not self._send_splitting(part, n, oldest).final:
+        try:
+            if samples <= s.max_samples_per_send:  # the rows as stored, under one snappy header
+                bodies = [(queue_codec.concat([(e.stored, e.raw_len) for e in fresh]), samples)]
+            else:  # a row too large for one request: decoded and split by series
+                parts = rwsplit.chunks(b"".join(e.payload for e in fresh), s.max_samples_per_send)
+                bodies = [(snappy.compress(part), n) for part, n in parts]
+        except (WireError, queue_codec.CodecError) as e:
+            self._log_failure("malformed", f"{self.name}: dropping {samples} queued samples that do "
+                              f"not parse as a WriteRequest: {e}")
+            self._fail(samples, 0, "malformed", 0)
+            self.queue.ack([e.id for e in fresh])
+            return
+        for body, n in bodies:
+            if not self._send_splitting(body, n, oldest).final:
                 return  # stopping: the entries stay queued (parts already sent are resent: harmless)
         self.queue.ack([e.id for e in fresh])
 
-    def _send_splitting(self, payload: bytes, samples: int, oldest: float) -> SendResult:
-        """send_batch; on a 413 send each half again, down to one series. The halves are computed
-        only once a 413 came (walking every series of every batch just in case cost more than the
-        rest of the send)."""
+    def _send_splitting(self, body: bytes, samples: int, oldest: float) -> SendResult:
+        """send_batch of a snappy body; on a 413 send each half again, down to one series. Only then
+        is the body decoded and its halves computed (walking every series of every batch just in
+        case cost more than the rest of the send)."""
         split: list[tuple[rwsplit.Unit, rwsplit.Unit] | None] = []
 
         def can_split() -> bool:
             try:
-                split.append(rwsplit.halves(payload))
+                split.append(rwsplit.halves(bytes(snappy.uncompress(body))))
             except WireError:
                 split.append(None)
             return split[-1] is not None
 
-        result = self._send_batch(snappy.compress(payload), samples, oldest, can_split)
+        result = self._send_batch(body, samples, oldest, can_split)
         halves = split[-1] if split else None
         if result.reason != "too_large" or halves is None:
             return result
         self._log_failure("http_413", f"{self.name}: HTTP 413 for {samples} samples; splitting the batch")
         for half, n in halves:
-            r = self._send_splitting(half, n, oldest)
+            r = self._send_splitting(snappy.compress(half), n, oldest)
             if not r.final:
                 return r
         return SendResult(True, 413, "split", result.retried, 0)
