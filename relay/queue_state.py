@@ -62,17 +62,26 @@ class QueueState:
         with self._cond:
             return self._samples, self._bytes
 
-    def wait(self, shard: int, timeout: float) -> bool:
+    def wait(self, shard: int, timeout: float, min_samples: int = 0, min_entries: int = 0) -> bool:
         """Block until something was put for ``shard`` since its last ``peek`` (True), or timeout or
-        close (False). Entries present at open count as put, so a first wait returns at once."""
+        close (False). Entries present at open count as put, so a first wait returns at once.
+        ``min_samples`` / ``min_entries``: wake only once the shard holds at least that many samples or
+        entries in all (the ones its consumer holds included), so a consumer filling a batch sleeps
+        through the puts that would not fill it."""
         with self._cond:
             cond = self._shard_cond.get(shard)
             if cond is None:
                 cond = self._shard_cond[shard] = threading.Condition(self._lock)
-            return cond.wait_for(
-                lambda: self._closed or self._put_seq.get(shard, 0) != self._seen_seq.get(shard, 0),
-                timeout,
-            ) and not self._closed
+
+            def ready() -> bool:
+                if self._closed:
+                    return True
+                if self._put_seq.get(shard, 0) == self._seen_seq.get(shard, 0):
+                    return False
+                return (self._shard_samples.get(shard, 0) >= min_samples
+                        or (min_entries > 0 and self._entries.get(shard, 0) >= min_entries))
+
+            return cond.wait_for(ready, timeout) and not self._closed
 
     def _wake_all(self) -> None:
         """Under _cond: wake every waiter, puts and consumers (close)."""

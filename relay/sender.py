@@ -277,13 +277,16 @@ class Sender:
         return queued > len(entries)
 
     def _more_before_deadline(self, shard: int, oldest: Entry) -> bool:
-        """Wait for more entries while the oldest is younger than batch_send_deadline. True: more came;
-        False: the deadline passed (or we are stopping), send what we have."""
+        """Wait, while the oldest entry is younger than batch_send_deadline, until the shard holds
+        enough to fill the batch (puts that would not fill it do not wake us). True: new entries are
+        queued, read them; False: nothing new by the deadline (or we are stopping), send what we have.
+        At the deadline, what came in below the threshold still joins this batch."""
+        s = self.settings
         while not self._stop.is_set():
-            remaining = self.settings.batch_send_deadline - (self.clock() - oldest.enqueued_at)
+            remaining = s.batch_send_deadline - (self.clock() - oldest.enqueued_at)
             if remaining <= 0:
-                return False
-            if self.queue.wait(shard, min(_POLL, remaining)):
+                return self.queue.wait(shard, 0)
+            if self.queue.wait(shard, min(_POLL, remaining), s.max_samples_per_send, _MAX_ENTRIES):
                 return True
             if self.queue.closed:
                 return False

@@ -264,6 +264,32 @@ def test_commits_to_other_shards_do_not_wake_a_waiting_consumer(queue: DurableQu
     assert woke == [True]
 
 
+def test_a_threshold_wait_sleeps_until_the_shard_holds_enough_samples_or_entries(queue: DurableQueue) -> None:
+    queue.put([(0, b"a", 4)])
+    queue.peek(0, 100)  # held by the consumer: still counted, it is what the batch has so far
+    assert queue.wait(0, 0.05, min_samples=10) is False
+    queue.put([(0, b"b", 5)])
+    assert queue.wait(0, 0.05, min_samples=10) is False  # 9 of 10
+    assert queue.wait(0, 0, min_samples=0) is True  # but something new is there
+    queue.put([(0, b"c", 1)])
+    assert queue.wait(0, 0, min_samples=10) is True
+    queue.peek(0, 100)
+    queue.put([(0, b"d", 1)])
+    assert queue.wait(0, 0, min_samples=100, min_entries=4) is True  # 4 entries, 11 samples
+    assert queue.wait(0, 0, min_samples=100, min_entries=5) is False
+
+
+def test_close_wakes_a_threshold_waiter(tmp_path: Path) -> None:
+    q = DurableQueue(tmp_path / "q.db", 1 << 20)
+    woke: list[bool] = []
+    t = threading.Thread(target=lambda: woke.append(q.wait(0, 10, min_samples=1000)))
+    t.start()
+    time.sleep(0.05)
+    q.close()
+    t.join(2)
+    assert woke == [False]
+
+
 def test_a_put_between_peek_and_wait_is_not_missed(queue: DurableQueue) -> None:
     assert queue.peek(0, 10) == []
     queue.put([(0, b"x", 1)])

@@ -86,6 +86,49 @@ def test_a_sender_waiting_for_a_fuller_batch_reads_each_entry_once(
     assert len(read) == len(set(read)) == 6  # was 21: every wake read the whole batch again
 
 
+def test_puts_that_would_not_fill_the_batch_do_not_wake_the_waiting_sender(
+    tmp_path: Path, rigs: list[Rig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # each wake-up is a peek (a SQLite read) and a thread hand-off: a batch that fills slowly is read
+    # once at the start and once at its deadline, whatever the number of puts in between
+    r = rig(tmp_path, rigs, max_samples_per_send=1000, batch_send_deadline=0.6)
+    peeks: list[int] = []
+    real = r.queue.peek
+
+    def peek(shard: int, max_samples: int, max_entries: int = 1000, *, after: int = 0) -> list[Entry]:
+        out = real(shard, max_samples, max_entries, after=after)
+        peeks.append(len(out))
+        return out
+
+    monkeypatch.setattr(r.queue, "peek", peek)
+    r.sender.start()
+    for i in range(8):
+        r.queue.put([(0, series(f"s{i}", [(1, float(i))]), 1, 1)])
+        time.sleep(0.04)
+    assert wait_until(lambda: r.queue.shards() == [], timeout=5)
+    assert [[ts.labels[0].value for ts in parse(b).timeseries] for b in r.transport.bodies] == [
+        [f"s{i}" for i in range(8)]]  # one batch at the deadline, every put in it, in order
+    assert sum(peeks) == 8
+    assert len([n for n in peeks if n]) <= 2, peeks  # was one read per put
+
+
+def test_a_sender_wakes_as_soon_as_the_queued_samples_fill_its_batch(
+    tmp_path: Path, rigs: list[Rig]
+) -> None:
+    r = rig(tmp_path, rigs, max_samples_per_send=10, batch_send_deadline=30)
+    r.queue.put([(0, series("a", [(t, 1.0) for t in range(3)]), 3, 1)])
+    r.sender.start()
+    time.sleep(0.1)  # the sender holds a (3 of 10 samples), waiting
+    r.queue.put([(0, series("b", [(t, 1.0) for t in range(3)]), 3, 1)])
+    time.sleep(0.2)
+    assert r.transport.bodies == []  # 6 of 10: still waiting, the deadline is 30 s away
+    t0 = time.monotonic()
+    r.queue.put([(0, series("c", [(t, 1.0) for t in range(4)]), 4, 1)])
+    assert wait_until(lambda: len(r.transport.bodies) == 1, timeout=5)
+    assert time.monotonic() - t0 < 2  # at once, not at the deadline
+    assert [ts.labels[0].value for ts in parse(r.transport.bodies[0]).timeseries] == ["a", "b", "c"]
+
+
 def test_a_waiting_batch_takes_only_what_fits_and_sends_at_once_when_the_next_does_not(
     tmp_path: Path, rigs: list[Rig]
 ) -> None:
