@@ -33,7 +33,8 @@ from relay.stage import route_hits
 from tests.test_native_cwire import histograms, metadata_entries
 
 _c = native.load("cstage")
-pytestmark = pytest.mark.skipif(route_hits is None, reason="relay's native core not in use (GPU_RELAY_NATIVE=0 or not built)")
+pytestmark = pytest.mark.skipif(route_hits is None,
+                                reason="relay's native core not in use (GPU_RELAY_NATIVE=0 or not built)")
 
 DEST = "    url: http://127.0.0.1:1/api/v1/write\n    dry_run: true\n"
 CONFIGS = {
@@ -54,7 +55,8 @@ CONFIGS = {
         interval: 30s
         outputs: [sum]
 """ + "  - name: plain\n" + DEST + "    send_metadata: true\n    queue: {max_shards: 4}\n",
-    "limits reached": "destinations:\n  - name: a\n" + DEST + "    limits: {max_series: 5, max_series_per_metric: 3, window: 60s}\n",
+    "limits reached": "destinations:\n  - name: a\n" + DEST
+    + "    limits: {max_series: 5, max_series_per_metric: 3, window: 60s}\n",
 }
 METRICS = ["m_a", "m_b", "x_total", "other"]
 
@@ -107,7 +109,7 @@ def state(p: Pipeline, registry: CollectorRegistry) -> dict[str, Any]:
 def outcome(p: Pipeline, body: bytes) -> Any:
     try:
         return p.route(body)
-    except Exception as exc:  # noqa: BLE001 - the error itself is compared
+    except Exception as exc:  # the error itself is compared
         return type(exc).__name__, str(exc)
 
 
@@ -152,7 +154,7 @@ def bodies(draw: st.DrawFn) -> list[bytes]:
             parts.append(series_entry(s, 1_700_000_000_000, hist))
             kind = draw(st.sampled_from(["", "", "", "", "metadata", "odd metadata"]))
             if kind == "metadata":
-                parts.append(metadata(draw(st.sampled_from(METRICS + ["x"])), draw(st.integers(0, 3))))
+                parts.append(metadata(draw(st.sampled_from([*METRICS, "x"])), draw(st.integers(0, 3))))
             elif kind == "odd metadata":
                 parts.append(draw(metadata_entries()))
         out.append(b"".join(parts))
