@@ -256,9 +256,13 @@ class Pipeline:
                 return None
             stages.append(args)
         assert _route_hits is not None
-        r = _route_hits(v1, self.cache.young, tracker_in._t, gen_in, tuple(stages), self._labels)
+        try:
+            r = _route_hits(v1, self.cache.young, tracker_in._t, gen_in, tuple(stages), self._labels)
+        except BaseException:
+            self.cache.evict()  # as the usual path, whose lookups come before its errors
+            raise
         if r is NotImplemented:
-            return None
+            return None  # (nothing done: the usual path looks the keys up, then evicts)
         series, samples, histograms, exemplars, metadata, per_stage = r
         self.cache.evict()  # (hits change no size: as the usual path does after its lookups)
         result = IngestResult(series=series, samples=samples, histograms=histograms, exemplars=exemplars)
