@@ -350,3 +350,32 @@ def test_non_bytes_bodies_and_malformed_requests_take_the_usual_path() -> None:
     for b in (bytearray(body), memoryview(body), body[:-1], body + b"\x0a\x05", body + b"\x08"):
         assert outcome(cp, b) == outcome(pp, b)  # type: ignore[arg-type]
     assert hits() == before
+
+
+def test_decide_re_entering_route_with_a_known_request_matches_the_reference() -> None:
+    """A decide that routes a known request from inside the outer request's route loop: the inner
+    route takes the fast path while the outer one runs the usual path, as the reference's would."""
+    clock = Clock()
+    known = _plain_request(range(5))
+    new = _plain_request(range(5, 9))
+    results = []
+    ran = []
+    for ref in (False, True):
+        p, reg = pipeline("keep+labeldrop", clock, ref)
+        p.route(known)
+        decide = p.decide
+        inner: list[Any] = []
+
+        def reentrant(key: bytes, p: Pipeline = p, decide: Any = decide, inner: list[Any] = inner) -> Any:
+            if not inner:
+                inner.append(None)
+                before = hits()
+                inner.append(p.route(known))
+                inner.append(hits()[0] - before[0])
+            return decide(key)
+
+        p.decide = reentrant  # type: ignore[method-assign]
+        results.append((outcome(p, new), inner[1], state(p, reg)))
+        ran.append(inner[2])
+    assert results[0] == results[1]
+    assert ran == [1, 0]
