@@ -1126,6 +1126,34 @@ static const uint64_t *api_lookup(PyObject *table, const uint8_t *p, size_t n) {
     return found ? entry_at(t, t->index[s] - 1) : NULL;
 }
 
+static void api_hash(const uint8_t *p, size_t n, uint64_t h[2]) { key_hash(p, n, h); }
+
+static const uint64_t *api_find(PyObject *table, const uint64_t h[2]) {
+    Table *t = (Table *)table;
+    if (t->n == 0)
+        return NULL;
+    int found;
+    size_t s = find_slot(t, h, &found);
+    return found ? entry_at(t, t->index[s] - 1) : NULL;
+}
+
+static void api_prefetch(PyObject *table, const uint64_t h[2], int entry) {
+    Table *t = (Table *)table;
+    if (t->n == 0 || t->isize == 0)
+        return;
+    const uint32_t *slot = &t->index[(size_t)h[0] & (t->isize - 1)];
+    if (!entry) {
+        __builtin_prefetch(slot);
+        return;
+    }
+    uint32_t v = *slot;
+    if (v != 0 && v <= t->n) {
+        const uint64_t *e = entry_at(t, v - 1);
+        __builtin_prefetch(e);
+        __builtin_prefetch(e + t->words - 1);
+    }
+}
+
 static Py_ssize_t api_width(PyObject *table) { return ((Table *)table)->width; }
 
 static PyObject *api_shared(PyObject *table, int i) {
@@ -1142,7 +1170,8 @@ static Py_ssize_t api_edit(const uint8_t *p, size_t n, uint64_t aux, const char 
     return (Py_ssize_t)edit_apply(p, offs, count, aux, run, run_len, out);
 }
 
-static fp_table_api table_api = {FP_API_VERSION, &TableType, api_lookup, api_width, api_shared, api_edit};
+static fp_table_api table_api = {FP_API_VERSION, &TableType, api_lookup, api_hash, api_find, api_prefetch,
+                                  api_width, api_shared, api_edit};
 
 /* ---- module functions ------------------------------------------------------------------------- */
 

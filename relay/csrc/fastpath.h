@@ -62,6 +62,11 @@ typedef struct {
     PyTypeObject *type; /* DecisionTable: callers check Py_TYPE against it */
     /* the packed entry of key p[0:n], or NULL when absent; valid until the table changes */
     const uint64_t *(*lookup)(PyObject *table, const uint8_t *p, size_t n);
+    /* lookup in two halves, so that a caller can hash a request's keys and prefetch their index
+       slots and entries before it reads them: the table's hash of p[0:n]; find(hash) is lookup */
+    void (*hash)(const uint8_t *p, size_t n, uint64_t h[2]);
+    const uint64_t *(*find)(PyObject *table, const uint64_t h[2]);
+    void (*prefetch)(PyObject *table, const uint64_t h[2], int entry); /* 0: the index slot, 1: the entry */
     Py_ssize_t (*width)(PyObject *table); /* decisions per entry (0: none stored yet) */
     PyObject *(*shared)(PyObject *table, int i); /* borrowed, NULL when there is no such object */
     /* The output label bytes of an EDIT aux for key p[0:n] with the run (NULL: none): their length,
