@@ -13,6 +13,10 @@ apart from the later ones (series known).
     .venv/bin/python bench/stage_bench.py            # 250 nodes x 6 rounds
     .venv/bin/python bench/stage_bench.py --quick    # 25 nodes x 4 rounds
 
+The timers wrap ``wire.route`` and the state calls, which turns Pipeline.route's cache-hit fast path
+(relay._cstage.route_hits: the whole pass in one C call) off: this bench measures the path of separate
+calls; bench/pipeline_route_bench.py measures route as the relay runs it, fast path included.
+
 A second table times the two state calls directly, on one request of known series routed again and
 again (the best of 30 tries of 5 calls, wall clock): on a shared machine the minimum is what the code
 costs, the sums above include whatever the neighbours did to the caches.

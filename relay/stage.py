@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from relay import label_codec, native, wire
 from relay.aggregate import AggregateRule, Aggregator
@@ -34,6 +35,10 @@ CLAIM = 1 << 64  # set in a pass decision's id: the rules changed the series, it
 POS_SHIFT = 65  # above it in a pass decision's id: 1 + where the external labels go into the key
 _COUNTER = 1  # MetricMetadata.MetricType COUNTER
 _cstage = native.load("cstage")  # take()'s loop in C (relay/csrc/cstage.c); None: the reference below
+# Pipeline.route's fast path for requests of cached series (relay/csrc/cstage.c route_hits): it reads
+# the request with relay._cwire's parser and the decisions in relay._cdcache's tables, so all three.
+route_hits: Callable[..., Any] | None = (
+    _cstage.route_hits if _cstage is not None and native.load("cwire") and native.load("cdcache") else None)
 
 
 _DROPS: dict[str, wire.DestDecision] = {}
@@ -211,12 +216,27 @@ class DestinationStage:
             r = _cstage.take(self, entries, inputs, new_in, in_active, labels_of, tracker._t, tracker._gen())
             if r is not NotImplemented:
                 pieces, kept, routed, drops = r
-                for reason, n, series in drops:
-                    if n:
-                        self.metrics.samples_dropped_total.labels(self.name, reason).inc(n)
-                    self.stats.record_drop(reason, series=0 if reason == "rules" else series, samples=n)
+                self.record_drops(drops)
                 return pieces, kept, routed
         return self.take_reference(entries, inputs, new_in, in_active, labels_of)
+
+    def record_drops(self, drops: list[tuple[str, int, int]]) -> None:
+        """The C loop's drops, (reason, samples, series new in the window) each, as the reference
+        records its own."""
+        for reason, n, series in drops:
+            if n:
+                self.metrics.samples_dropped_total.labels(self.name, reason).inc(n)
+            self.stats.record_drop(reason, series=0 if reason == "rules" else series, samples=n)
+
+    def hit_args(self, tracker_in: object) -> tuple[int, bool, dict[int, int], Any, int] | None:
+        """What ``relay._cstage.route_hits`` needs of this stage, or None where it cannot run here
+        (the out tracker is not the C one, or is the in tracker; ``take`` replaced on the instance)."""
+        tracker = self.stats.tracker_out
+        owners = self.owners.owners
+        if (type(tracker) is not CSeriesTracker or tracker is tracker_in or type(owners) is not dict
+                or "take" in vars(self)):
+            return None
+        return (self.shards, self.limiter is not None, owners, tracker._t, tracker._gen())
 
     def _aggregate(self, decision: wire.DestDecision, rest: bytes, n: int, in_id: int) -> tuple[int, int, int]:
         """An aggregated member's samples into the aggregator: (aggregated, too far in the future,

@@ -282,6 +282,14 @@ def test_tracker_expire_frees_slots_and_metrics_and_keeps_counting_right() -> No
 # ---- the pipeline: C and reference side by side ------------------------------------------------
 
 CONFIGS = {
+    "pass-through+external labels": """\
+external_labels: {cluster: c}
+destinations:
+  - name: e
+    url: http://127.0.0.1:1/api/v1/write
+    dry_run: true
+    queue: {max_shards: 3}
+""",
     "pass-through+limits": """\
 external_labels: {cluster: c}
 destinations:
@@ -364,6 +372,8 @@ _series = st.tuples(st.sampled_from(METRICS), st.integers(0, 2), st.integers(0, 
                     st.booleans(), st.integers(0, 30) .map(lambda x: x == 0))
 _step = st.one_of(
     st.tuples(st.just("request"), st.lists(st.tuples(_series, st.integers(0, 2)), min_size=1, max_size=15)),
+    st.tuples(st.just("again"), st.integers(0, 5)),  # a request sent before: every series a cache hit
+    st.tuples(st.just("again"), st.integers(0, 5)),
     st.tuples(st.just("advance"), st.floats(0, 50)),
     st.tuples(st.just("expire")),
     st.tuples(st.just("flush")),
@@ -395,9 +405,14 @@ def test_pipeline_with_c_matches_the_reference(name: str, steps: list[tuple[Any,
         pp, preg = _pipeline(CONFIGS[name], clock)
     assert type(cp.tracker_in) is CSeriesTracker and type(pp.tracker_in) is cardinality.SeriesTracker
     assert all(type(s.stats.tracker_out) is CSeriesTracker for s in cp.stages)
+    sent: list[bytes] = []
     for step in steps:
-        if step[0] == "request":
+        if step[0] == "again" and sent:
+            body = sent[-1 - step[1] % len(sent)]
+            assert cp.route(body) == pp.route(body), step
+        elif step[0] == "request":
             body = _request(step[1], int(clock.t * 1000))
+            sent.append(body)
             assert cp.route(body) == pp.route(body), step
         elif step[0] == "advance":
             clock.t += step[1]
@@ -473,10 +488,15 @@ def test_a_long_random_run_hits_every_branch_and_matches(name: str) -> None:
     cp, creg = _pipeline(CONFIGS[name], clock)
     with reference():
         pp, preg = _pipeline(CONFIGS[name], clock)
+    sent: list[bytes] = []
+    hits = _c.hit_counts()[0] if _c is not None else 0
     for step in _random_steps(random.Random(name), 400):
         if step[0] == "request":
             body = _request(step[1], int(clock.t * 1000))
+            sent.append(body)
             assert cp.route(body) == pp.route(body)
+            again = sent[len(sent) // 2]  # and one sent before: its series are cache hits
+            assert cp.route(again) == pp.route(again)
         elif step[0] == "advance":
             clock.t += step[1]
         elif step[0] == "expire":
@@ -489,7 +509,10 @@ def test_a_long_random_run_hits_every_branch_and_matches(name: str) -> None:
     assert state == _state(pp, preg)
     reasons = {dict(k[1]).get("reason") for k, v in state["counters"].items()
                if k[0] == "gpu_relay_samples_dropped_total" and v}
+    if name == "pass-through+external labels":  # (the others' limits and collisions: few requests all hits)
+        assert _c is not None and _c.hit_counts()[0] > hits  # the fast path (relay._cstage.route_hits) ran
     expected = {
+        "pass-through+external labels": {"label_value_too_long"},
         "pass-through+limits": {"series_limit", "label_value_too_long"},
         "keep+prune+per-metric": {"rules", "collision", "series_limit"},
         "aggregate+two-destinations": {"aggregated", "rules", "collision"},

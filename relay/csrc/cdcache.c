@@ -24,8 +24,7 @@ destination, element 0 the input's) like a dict, but stores neither the key byte
 Values hold only immutable objects (bytes, int, str and tuples of them), so the table takes no
 part in cyclic GC. Not thread-safe: relay.decision_cache calls it under the pipeline's lock.
 */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "fastpath.h"
 #include <stdint.h>
 #include <string.h>
 
@@ -108,6 +107,12 @@ enum { LB_KEY = 0, LB_OWN = 1, LB_SHARED = 2, LB_EDIT = 3 };
 #define POS_LIMIT (1ULL << 53)
 #define MAX_WIDTH 4096
 #define HDR 4 /* words before the destinations: h0 h1 in_id in_ref */
+/* relay/csrc/fastpath.h describes this layout to relay._cstage's route_hits */
+_Static_assert((int)K_NONE == (int)FP_K_NONE && (int)K_SENT == (int)FP_K_SENT && (int)K_SHARED == (int)FP_K_SHARED && (int)K_TUPLE == (int)FP_K_TUPLE,
+               "fastpath.h kinds");
+_Static_assert((int)LB_KEY == (int)FP_LB_KEY && (int)LB_OWN == (int)FP_LB_OWN && (int)LB_SHARED == (int)FP_LB_SHARED && (int)LB_EDIT == (int)FP_LB_EDIT,
+               "fastpath.h label modes");
+_Static_assert(WHOLE == FP_WHOLE && HDR == FP_HDR, "fastpath.h entry header");
 
 typedef struct {
     PyObject_HEAD
@@ -1108,6 +1113,66 @@ static PyTypeObject TableType = {
     .tp_hash = PyObject_HashNotImplemented,
 };
 
+/* ---- the C-level API (relay/csrc/fastpath.h) ------------------------------------------------------ */
+
+static const uint64_t *api_lookup(PyObject *table, const uint8_t *p, size_t n) {
+    Table *t = (Table *)table;
+    if (t->n == 0)
+        return NULL;
+    uint64_t h[2];
+    key_hash(p, n, h);
+    int found;
+    size_t s = find_slot(t, h, &found);
+    return found ? entry_at(t, t->index[s] - 1) : NULL;
+}
+
+static void api_hash(const uint8_t *p, size_t n, uint64_t h[2]) { key_hash(p, n, h); }
+
+static const uint64_t *api_find(PyObject *table, const uint64_t h[2]) {
+    Table *t = (Table *)table;
+    if (t->n == 0)
+        return NULL;
+    int found;
+    size_t s = find_slot(t, h, &found);
+    return found ? entry_at(t, t->index[s] - 1) : NULL;
+}
+
+static void api_prefetch(PyObject *table, const uint64_t h[2], int entry) {
+    Table *t = (Table *)table;
+    if (t->n == 0 || t->isize == 0)
+        return;
+    const uint32_t *slot = &t->index[(size_t)h[0] & (t->isize - 1)];
+    if (!entry) {
+        __builtin_prefetch(slot);
+        return;
+    }
+    uint32_t v = *slot;
+    if (v != 0 && v <= t->n) {
+        const uint64_t *e = entry_at(t, v - 1);
+        __builtin_prefetch(e);
+        __builtin_prefetch(e + t->words - 1);
+    }
+}
+
+static Py_ssize_t api_width(PyObject *table) { return ((Table *)table)->width; }
+
+static PyObject *api_shared(PyObject *table, int i) {
+    Table *t = (Table *)table;
+    return i >= 0 && i < t->nshared ? t->shared[i] : NULL;
+}
+
+static Py_ssize_t api_edit(const uint8_t *p, size_t n, uint64_t aux, const char *run, size_t run_len,
+                           uint8_t *out) {
+    size_t offs[MAX_ENTRIES + 1];
+    int count = split_entries(p, n, offs);
+    if (count < 0)
+        return -1;
+    return (Py_ssize_t)edit_apply(p, offs, count, aux, run, run_len, out);
+}
+
+static fp_table_api table_api = {FP_API_VERSION, &TableType, api_lookup, api_hash, api_find, api_prefetch,
+                                  api_width, api_shared, api_edit};
+
 /* ---- module functions ------------------------------------------------------------------------- */
 
 static PyObject *mod_digest(PyObject *Py_UNUSED(m), PyObject *key) {
@@ -1185,6 +1250,12 @@ PyMODINIT_FUNC PyInit__cdcache(void) {
     Py_INCREF(&TableType);
     if (PyModule_AddObject(m, "DecisionTable", (PyObject *)&TableType) < 0) {
         Py_DECREF(&TableType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyObject *cap = PyCapsule_New(&table_api, "relay._cdcache._table_api", NULL);
+    if (cap == NULL || PyModule_AddObject(m, "_table_api", cap) < 0) {
+        Py_XDECREF(cap);
         Py_DECREF(m);
         return NULL;
     }

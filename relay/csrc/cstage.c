@@ -14,8 +14,7 @@
  *   changes) call back into the Python stage so they stay the reference's. Any input of an unusual
  *   shape makes take() answer NotImplemented before any side effect: the caller runs the reference.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "fastpath.h"
 #include <stdint.h>
 #include <string.h>
 
@@ -1961,12 +1960,568 @@ done:
     return result;
 }
 
+/* ---- route_hits(): a request whose every series is a cache hit, without Python objects per series --
+ *
+ * Pipeline.route's whole per-series pass in one call for the steady state: the route loop (its pass 1
+ * from relay._cwire), the decision cache lookups (relay._cdcache's packed entries, read in place: no
+ * decision tuples, key or rest bytes), the in tracker's observe_inputs, and per destination take()'s
+ * drops, owner and limit checks, out tracker and queue pieces. Pass 1 reads the request and every
+ * decision and checks everything the reference might do otherwise, with no side effect: any miss
+ * (decide() would run), a decision of another kind (aggregated, stored whole, None for a
+ * destination), an owner that is not the series' own, a series a limiter has not admitted yet answer
+ * NotImplemented, and Pipeline.route runs its usual path on the whole request. Pass 2 then has the
+ * reference's effects in the reference's order (the same observe_source for the trackers). */
+
+static const fp_wire_api *wire_api;
+static const fp_table_api *table_api;
+static Py_ssize_t n_hit_series, n_hit_requests;
+
+typedef struct {
+    Py_ssize_t key_start, key_end, rest_start, rest_end;
+    int64_t n, ts;
+    uint64_t in_id;
+    PyObject *metric_in; /* owned */
+} Hit;
+
+typedef struct {
+    uint64_t low, high;
+    uint64_t aux;
+    PyObject *obj;   /* owned: the metric (sent) or the drop's reason */
+    PyObject *lbobj; /* owned or NULL: the output bytes (OWN, SHARED) or the edit's run (EDIT) */
+    Py_ssize_t lb_len; /* the decision's label bytes (before the external labels go in) */
+    int kind;        /* K_DROP or K_SENT */
+    int mode;        /* FP_LB_* */
+} HitDest;
+
+typedef struct {
+    const uint8_t *b;
+    Hit *hits;
+    HitDest *dests;
+    Py_ssize_t nd; /* destinations */
+    Py_ssize_t dest; /* the destination whose seen list is observed */
+    Py_ssize_t *seen; /* item indexes of its kept series */
+    PyObject *labels_of;
+} HitCtx;
+
+static int load_apis(void) {
+    if (wire_api == NULL) {
+        const fp_wire_api *w = PyCapsule_Import("relay._cwire._parse_api", 0);
+        if (w == NULL)
+            return -1;
+        if (w->version != FP_API_VERSION) {
+            PyErr_SetString(PyExc_ImportError, "relay._cwire: another fast path API version");
+            return -1;
+        }
+        wire_api = w;
+    }
+    if (table_api == NULL) {
+        const fp_table_api *t = PyCapsule_Import("relay._cdcache._table_api", 0);
+        if (t == NULL)
+            return -1;
+        if (t->version != FP_API_VERSION) {
+            PyErr_SetString(PyExc_ImportError, "relay._cdcache: another fast path API version");
+            return -1;
+        }
+        table_api = t;
+    }
+    return 0;
+}
+
+/* The output label bytes of destination d of hit h: written to out (room for hit_lb_len). */
+static Py_ssize_t hit_lb_len(const Hit *h, const HitDest *d) {
+    return d->lb_len + (d->high > 1 ? h->key_end - h->key_start : 0);
+}
+
+static void hit_lb_write(const uint8_t *b, const Hit *h, const HitDest *d, char *out) {
+    const char *key = (const char *)b + h->key_start;
+    Py_ssize_t klen = h->key_end - h->key_start, p = 0;
+    if (d->high > 1) { /* the input key with the decision's bytes inserted at pos (slicing clamps) */
+        uint64_t pos = (d->high >> 1) - 1;
+        p = pos > (uint64_t)klen ? klen : (Py_ssize_t)pos;
+        memcpy(out, key, (size_t)p);
+        out += p;
+    }
+    switch (d->mode) {
+    case FP_LB_KEY:
+        memcpy(out, key, (size_t)klen);
+        break;
+    case FP_LB_EDIT:
+        table_api->edit((const uint8_t *)key, (size_t)klen, d->aux, d->lbobj ? PyBytes_AS_STRING(d->lbobj) : NULL,
+                        d->lbobj ? (size_t)PyBytes_GET_SIZE(d->lbobj) : 0, (uint8_t *)out);
+        break;
+    default:
+        memcpy(out, PyBytes_AS_STRING(d->lbobj), (size_t)d->lb_len);
+        break;
+    }
+    out += d->lb_len;
+    if (d->high > 1)
+        memcpy(out, key + p, (size_t)(klen - p));
+}
+
+static int hits_get(ItemSource *src, Py_ssize_t i, uint64_t *id, PyObject **metric) {
+    HitCtx *c = src->ctx;
+    *id = c->hits[i].in_id;
+    *metric = c->hits[i].metric_in;
+    return 0;
+}
+
+static PyObject *hits_labels(ItemSource *src, Py_ssize_t i) {
+    HitCtx *c = src->ctx;
+    const Hit *h = &c->hits[i];
+    PyObject *key = PyBytes_FromStringAndSize((const char *)c->b + h->key_start, h->key_end - h->key_start);
+    if (key == NULL)
+        return NULL;
+    PyObject *r = PyObject_CallOneArg(c->labels_of, key);
+    Py_DECREF(key);
+    return r;
+}
+
+static int kept_get(ItemSource *src, Py_ssize_t i, uint64_t *id, PyObject **metric) {
+    HitCtx *c = src->ctx;
+    const HitDest *d = &c->dests[c->seen[i] * c->nd + c->dest];
+    *id = d->low;
+    *metric = d->obj;
+    return 0;
+}
+
+static PyObject *kept_labels(ItemSource *src, Py_ssize_t i) {
+    HitCtx *c = src->ctx;
+    const Hit *h = &c->hits[c->seen[i]];
+    const HitDest *d = &c->dests[c->seen[i] * c->nd + c->dest];
+    PyObject *lb = PyBytes_FromStringAndSize(NULL, hit_lb_len(h, d));
+    if (lb == NULL)
+        return NULL;
+    hit_lb_write(c->b, h, d, PyBytes_AS_STRING(lb));
+    PyObject *r = PyObject_CallOneArg(c->labels_of, lb);
+    Py_DECREF(lb);
+    return r;
+}
+
+/* Destination word w of an entry for hit h into *d (references taken); 1, or 0: not for this path. */
+static int hit_dest(PyObject *table, const uint8_t *b, const Hit *h, const uint64_t *w, HitDest *d) {
+    PyObject *o = (PyObject *)(uintptr_t)(w[1] & ~(uint64_t)3);
+    memset(d, 0, sizeof(*d));
+    switch (w[1] & 3) {
+    case FP_K_SHARED: /* a drop (b"", 0, reason), shared by every series dropped for that reason */
+        if (!PyTuple_CheckExact(o) || PyTuple_GET_SIZE(o) != 3 || !PyBytes_CheckExact(PyTuple_GET_ITEM(o, 0))
+            || PyBytes_GET_SIZE(PyTuple_GET_ITEM(o, 0)) != 0)
+            return 0;
+        d->kind = K_DROP;
+        d->obj = Py_NewRef(PyTuple_GET_ITEM(o, 2));
+        return 1;
+    case FP_K_SENT:
+        break;
+    default: /* None for a destination (the reference raises), or a tuple stored as is (aggregated) */
+        return 0;
+    }
+    uint64_t aux = w[2];
+    int mode = (int)((aux >> 1) & 3);
+    Py_ssize_t klen = h->key_end - h->key_start;
+    PyObject *lb = NULL;
+    d->kind = K_SENT;
+    d->mode = mode;
+    d->aux = aux;
+    d->low = w[0];
+    d->high = mode == FP_LB_OWN || mode == FP_LB_EDIT ? (aux & 1) : (aux & 1) | ((aux >> 11) << 1);
+    switch (mode) {
+    case FP_LB_KEY:
+        d->lb_len = klen;
+        break;
+    case FP_LB_OWN:
+        lb = (PyObject *)(uintptr_t)(aux & ~(uint64_t)7);
+        if (!PyBytes_CheckExact(lb))
+            return 0;
+        d->lb_len = PyBytes_GET_SIZE(lb);
+        break;
+    case FP_LB_SHARED:
+        lb = table_api->shared(table, (int)((aux >> 3) & 0xff));
+        if (lb == NULL || !PyBytes_CheckExact(lb))
+            return 0;
+        d->lb_len = PyBytes_GET_SIZE(lb);
+        break;
+    default: { /* FP_LB_EDIT: the key with label entries left out and a run put in */
+        int run = (int)((aux >> 3) & 31);
+        if (run) {
+            lb = table_api->shared(table, run - 1);
+            if (lb == NULL || !PyBytes_CheckExact(lb))
+                return 0;
+        }
+        d->lb_len = table_api->edit(b + h->key_start, (size_t)klen, aux, lb ? PyBytes_AS_STRING(lb) : NULL,
+                                    lb ? (size_t)PyBytes_GET_SIZE(lb) : 0, NULL);
+        if (d->lb_len < 0)
+            return 0;
+        break;
+    }
+    }
+    if (d->lb_len == 0)
+        return 0; /* the reference takes an empty output for a drop: not this path */
+    d->obj = Py_NewRef(o);
+    d->lbobj = Py_XNewRef(lb);
+    return 1;
+}
+
+/* the owner of out id `low` (a dict int -> int) lets input `in_id` send it without a call into the
+   reference's CollisionOwners: 1 yes, 0 the reference must decide, -1 error */
+static int owner_ok(PyObject *owners, const HitDest *d, uint64_t in_id) {
+    int claim = (int)(d->high & 1);
+    if (!claim && PyDict_GET_SIZE(owners) == 0)
+        return 1;
+    PyObject *sid = PyLong_FromUnsignedLongLong(d->low);
+    if (sid == NULL)
+        return -1;
+    PyObject *owner = PyDict_GetItemWithError(owners, sid);
+    Py_DECREF(sid);
+    if (owner == NULL)
+        return PyErr_Occurred() ? -1 : !claim;
+    if (!PyLong_CheckExact(owner))
+        return 0;
+    unsigned long long v = PyLong_AsUnsignedLongLong(owner);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return v == in_id;
+}
+
+typedef struct {
+    Py_ssize_t shards;
+    int limited;
+    PyObject *owners;   /* borrowed (the stages tuple holds it) */
+    TrackerObject *tracker;
+    int64_t gen;
+} HitStage;
+
+static PyObject *route_hits(PyObject *module, PyObject *args) {
+    PyObject *body, *table, *tracker_obj, *stages_arg, *labels_of;
+    long long gen_in;
+    if (!PyArg_ParseTuple(args, "SOO!LOO:route_hits", &body, &table, &TrackerType, &tracker_obj, &gen_in,
+                          &stages_arg, &labels_of))
+        return NULL;
+    if (load_apis() < 0)
+        return NULL;
+    if (!PyBytes_CheckExact(body) || Py_TYPE(table) != table_api->type || !PyTuple_CheckExact(stages_arg))
+        Py_RETURN_NOTIMPLEMENTED;
+    Py_ssize_t nd = PyTuple_GET_SIZE(stages_arg);
+    if (nd < 1 || table_api->width(table) != nd + 1)
+        Py_RETURN_NOTIMPLEMENTED;
+    const uint8_t *b = (const uint8_t *)PyBytes_AS_STRING(body);
+    fp_items it;
+    int ok = wire_api->parse(b, PyBytes_GET_SIZE(body), &it);
+    if (ok <= 0) {
+        wire_api->items_free(&it);
+        if (ok < 0)
+            return PyErr_NoMemory();
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    PyObject *result = NULL, *metadata = NULL, *per_stage = NULL, *new_in = NULL;
+    HitStage *st = NULL;
+    Hit *hits = NULL;
+    HitDest *dests = NULL;
+    uint64_t (*hk)[2] = NULL; /* each item's key hash */
+    uint8_t *is_new = NULL;
+    Py_ssize_t *seen = NULL;
+    Buf *bufs = NULL;
+    int64_t *counts = NULL, *oldest = NULL;
+    Drops drops = {NULL, 0, 0};
+    Py_ssize_t nh = 0, nbufs = 0; /* hits filled in (their references held) */
+    Py_ssize_t series = 0, samples = 0, histograms = 0, exemplars = 0;
+
+    st = PyMem_RawCalloc((size_t)nd, sizeof(HitStage));
+    hits = PyMem_RawMalloc(sizeof(Hit) * (size_t)(it.len ? it.len : 1));
+    dests = PyMem_RawCalloc((size_t)(it.len ? it.len : 1) * (size_t)nd, sizeof(HitDest));
+    if (st == NULL || hits == NULL || dests == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t j = 0; j < nd; j++) { /* (shards, limited, owners dict, tracker, gen) */
+        PyObject *s = PyTuple_GET_ITEM(stages_arg, j);
+        if (!PyTuple_CheckExact(s) || PyTuple_GET_SIZE(s) != 5 || !PyDict_CheckExact(PyTuple_GET_ITEM(s, 2))
+            || Py_TYPE(PyTuple_GET_ITEM(s, 3)) != &TrackerType || PyTuple_GET_ITEM(s, 3) == tracker_obj)
+            goto not_implemented;
+        int64_t shards, gen;
+        if (!get_i64(PyTuple_GET_ITEM(s, 0), &shards) || shards <= 0 || !get_i64(PyTuple_GET_ITEM(s, 4), &gen))
+            goto not_implemented;
+        int limited = PyObject_IsTrue(PyTuple_GET_ITEM(s, 1));
+        if (limited < 0)
+            goto fail;
+        st[j] = (HitStage){(Py_ssize_t)shards, limited, PyTuple_GET_ITEM(s, 2),
+                           (TrackerObject *)PyTuple_GET_ITEM(s, 3), gen};
+    }
+
+    /* every series' key hashed, its index slot then its entry prefetched: the lookups below find
+       them in the cache instead of waiting on memory one after the other */
+    hk = PyMem_RawMalloc(sizeof(*hk) * (size_t)(it.len ? it.len : 1));
+    if (hk == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < it.len; i++) {
+        const fp_item *r = &it.items[i];
+        if (r->metadata)
+            continue;
+        table_api->hash(b + r->start, (size_t)(r->key_end - r->start), hk[i]);
+        table_api->prefetch(table, hk[i], 0);
+    }
+    for (Py_ssize_t i = 0; i < it.len; i++)
+        if (!it.items[i].metadata)
+            table_api->prefetch(table, hk[i], 1);
+
+    /* pass 1: every lookup as the reference's loop makes them (its one-sample guess included) */
+    Py_ssize_t glen = 0, head = 0;
+    int64_t gts = 0;
+    for (Py_ssize_t i = 0; i < it.len; i++) {
+        const fp_item *r = &it.items[i];
+        if (r->metadata)
+            continue;
+        const uint64_t *e = NULL;
+        Hit h;
+        if (glen && glen < r->end - r->start) {
+            Py_ssize_t g = r->end - glen;
+            if (memcmp(b + g + 11, b + head + 11, (size_t)glen - 11) == 0 && memcmp(b + g, b + head, 3) == 0) {
+                e = g == r->key_end ? table_api->find(table, hk[i])
+                                    : table_api->lookup(table, b + r->start, (size_t)(g - r->start));
+                if (e != NULL) {
+                    series++;
+                    samples++;
+                    h = (Hit){r->start, g, g, r->end, 1, gts, 0, NULL};
+                }
+            }
+        }
+        if (e == NULL) {
+            if (r->guess) {
+                glen = r->end - r->key_end;
+                gts = r->oldest;
+                head = r->key_end;
+            } else {
+                glen = 0;
+            }
+            series++;
+            samples += r->ns;
+            exemplars += r->ne;
+            histograms += r->nh;
+            e = table_api->find(table, hk[i]); /* the key [start, key_end) */
+            if (e == NULL)
+                goto not_implemented; /* a miss: decide() runs on the usual path */
+            h = (Hit){r->start, r->key_end, r->key_end, r->end, r->ns + r->nh, r->oldest, 0, NULL};
+        }
+        if (e[3] & FP_WHOLE)
+            goto not_implemented;
+        h.in_id = e[2];
+        HitDest *hd = &dests[nh * nd];
+        for (Py_ssize_t j = 0; j < nd; j++) {
+            if (!hit_dest(table, b, &h, e + FP_HDR + 3 * j, &hd[j])) {
+                for (Py_ssize_t k = 0; k < j; k++) {
+                    Py_CLEAR(hd[k].obj);
+                    Py_CLEAR(hd[k].lbobj);
+                }
+                goto not_implemented;
+            }
+        }
+        h.metric_in = Py_NewRef((PyObject *)(uintptr_t)e[3]);
+        hits[nh++] = h;
+    }
+    /* ... and every owner and limiter check (nothing has changed them yet) */
+    for (Py_ssize_t i = 0; i < nh; i++)
+        for (Py_ssize_t j = 0; j < nd; j++) {
+            const HitDest *d = &dests[i * nd + j];
+            if (d->kind != K_SENT)
+                continue;
+            int o = owner_ok(st[j].owners, d, hits[i].in_id);
+            if (o < 0)
+                goto fail;
+            if (!o || (st[j].limited && !tracker_contains(st[j].tracker, d->low, st[j].gen)))
+                goto not_implemented;
+        }
+
+    /* pass 2: the in tracker, then each destination, as Pipeline.route calls them */
+    HitCtx ctx = {b, hits, dests, nd, 0, NULL, labels_of};
+    ItemSource in_src = {nh, hits_get, hits_labels, &ctx, NULL, labels_of};
+    new_in = observe_source((TrackerObject *)tracker_obj, &in_src, gen_in);
+    if (new_in == NULL)
+        goto fail;
+    is_new = PyMem_RawCalloc((size_t)(nh ? nh : 1), 1);
+    seen = PyMem_RawMalloc(sizeof(Py_ssize_t) * (size_t)(nh ? nh : 1));
+    if (is_new == NULL || seen == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(new_in); k++) {
+        Py_ssize_t x = PyLong_AsSsize_t(PyList_GET_ITEM(new_in, k));
+        if (x >= 0 && x < nh)
+            is_new[x] = 1;
+    }
+    per_stage = PyList_New(0);
+    if (per_stage == NULL)
+        goto fail;
+    for (Py_ssize_t j = 0; j < nd; j++) {
+        Py_ssize_t shards = st[j].shards, nseen = 0;
+        int64_t kept = 0, routed = 0;
+        bufs = PyMem_RawCalloc((size_t)shards, sizeof(Buf));
+        counts = PyMem_RawCalloc((size_t)shards, sizeof(int64_t));
+        oldest = PyMem_RawCalloc((size_t)shards, sizeof(int64_t));
+        nbufs = shards;
+        drops.n = 0;
+        if (bufs == NULL || counts == NULL || oldest == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (Py_ssize_t i = 0; i < nh; i++) {
+            const Hit *h = &hits[i];
+            const HitDest *d = &dests[i * nd + j];
+            routed += h->n;
+            if (d->kind == K_DROP) {
+                if (drops_add(&drops, d->obj, h->n, is_new[i]) < 0)
+                    goto fail;
+                continue;
+            }
+            seen[nseen++] = i;
+            Py_ssize_t shard = (Py_ssize_t)(d->low % (uint64_t)shards);
+            Py_ssize_t lbn = hit_lb_len(h, d), rn = h->rest_end - h->rest_start;
+            size_t size = (size_t)(lbn + rn);
+            Buf *bf = &bufs[shard];
+            if (buf_reserve(bf, size + 11) < 0)
+                goto fail;
+            bf->p[bf->len++] = 0x0a; /* one WriteRequest field-1 entry: tag, length, labels, rest */
+            size_t v = size;
+            while (v >= 0x80) {
+                bf->p[bf->len++] = (char)(v | 0x80);
+                v >>= 7;
+            }
+            bf->p[bf->len++] = (char)v;
+            hit_lb_write(b, h, d, bf->p + bf->len);
+            bf->len += (size_t)lbn;
+            memcpy(bf->p + bf->len, b + h->rest_start, (size_t)rn);
+            bf->len += (size_t)rn;
+            counts[shard] += h->n;
+            if (h->ts && (h->ts < oldest[shard] || !oldest[shard]))
+                oldest[shard] = h->ts;
+            kept += h->n;
+        }
+        if (nseen) {
+            ctx.dest = j;
+            ctx.seen = seen;
+            ItemSource src = {nseen, kept_get, kept_labels, &ctx, NULL, labels_of};
+            PyObject *r = observe_source(st[j].tracker, &src, st[j].gen);
+            if (r == NULL)
+                goto fail;
+            Py_DECREF(r);
+        }
+        PyObject *pieces = PyList_New(0), *drops_out = PyList_New(0), *one = NULL;
+        if (pieces == NULL || drops_out == NULL)
+            goto stage_fail;
+        for (Py_ssize_t s = 0; s < shards; s++) {
+            if (!counts[s])
+                continue;
+            if (_PyBytes_Resize(&bufs[s].bytes, (Py_ssize_t)bufs[s].len) < 0)
+                goto stage_fail;
+            PyObject *piece = Py_BuildValue("(nOLL)", s, bufs[s].bytes, (long long)counts[s], (long long)oldest[s]);
+            if (piece == NULL || PyList_Append(pieces, piece) < 0) {
+                Py_XDECREF(piece);
+                goto stage_fail;
+            }
+            Py_DECREF(piece);
+        }
+        for (Py_ssize_t k = 0; k < drops.n; k++) {
+            PyObject *item = Py_BuildValue("(OLL)", drops.d[k].reason, (long long)drops.d[k].samples,
+                                           (long long)drops.d[k].series);
+            if (item == NULL || PyList_Append(drops_out, item) < 0) {
+                Py_XDECREF(item);
+                goto stage_fail;
+            }
+            Py_DECREF(item);
+        }
+        one = Py_BuildValue("(OLLO)", pieces, (long long)kept, (long long)routed, drops_out);
+        if (one == NULL || PyList_Append(per_stage, one) < 0) {
+            Py_XDECREF(one);
+            goto stage_fail;
+        }
+        Py_DECREF(one);
+        Py_DECREF(pieces);
+        Py_DECREF(drops_out);
+        for (Py_ssize_t s = 0; s < nbufs; s++)
+            Py_XDECREF(bufs[s].bytes);
+        PyMem_RawFree(bufs);
+        PyMem_RawFree(counts);
+        PyMem_RawFree(oldest);
+        bufs = NULL;
+        counts = oldest = NULL;
+        nbufs = 0;
+        continue;
+    stage_fail:
+        Py_XDECREF(pieces);
+        Py_XDECREF(drops_out);
+        goto fail;
+    }
+    metadata = PyList_New(0);
+    if (metadata == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < it.len; i++) {
+        const fp_item *r = &it.items[i];
+        if (!r->metadata)
+            continue;
+        PyObject *m = PyBytes_FromStringAndSize((const char *)b + r->start, r->end - r->start);
+        if (m == NULL || PyList_Append(metadata, m) < 0) {
+            Py_XDECREF(m);
+            goto fail;
+        }
+        Py_DECREF(m);
+    }
+    result = Py_BuildValue("(nnnnOO)", series, samples, histograms, exemplars, metadata, per_stage);
+    if (result != NULL) {
+        n_hit_series += nh;
+        n_hit_requests++;
+    }
+    goto done;
+not_implemented:
+    result = Py_NewRef(Py_NotImplemented);
+    goto done;
+fail:
+    result = NULL;
+done:
+    for (Py_ssize_t i = 0; i < nh; i++) {
+        Py_DECREF(hits[i].metric_in);
+        for (Py_ssize_t j = 0; j < nd; j++) {
+            Py_XDECREF(dests[i * nd + j].obj);
+            Py_XDECREF(dests[i * nd + j].lbobj);
+        }
+    }
+    if (bufs != NULL)
+        for (Py_ssize_t s = 0; s < nbufs; s++)
+            Py_XDECREF(bufs[s].bytes);
+    PyMem_RawFree(bufs);
+    PyMem_RawFree(counts);
+    PyMem_RawFree(oldest);
+    PyMem_RawFree(drops.d);
+    PyMem_RawFree(is_new);
+    PyMem_RawFree(seen);
+    PyMem_RawFree(st);
+    PyMem_RawFree(hits);
+    PyMem_RawFree(dests);
+    PyMem_RawFree(hk);
+    Py_XDECREF(new_in);
+    Py_XDECREF(metadata);
+    Py_XDECREF(per_stage);
+    wire_api->items_free(&it);
+    return result;
+}
+
+static PyObject *hit_counts(PyObject *module, PyObject *unused) {
+    return Py_BuildValue("(nn)", n_hit_requests, n_hit_series);
+}
+
 /* ---- the module --------------------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
     {"take", (PyCFunction)take, METH_VARARGS,
      "take(stage, entries, inputs, new_in, in_active, labels_of, tracker, gen) -> (pieces, kept, routed, "
      "[(reason, samples, series)]) or NotImplemented (the reference must run)"},
+    {"route_hits", (PyCFunction)route_hits, METH_VARARGS,
+     "route_hits(body, table, tracker_in, gen_in, stages, labels_of) -> (series, samples, histograms, "
+     "exemplars, [metadata bytes], [(pieces, kept, routed, drops)] per stage) or NotImplemented: a request whose "
+     "every series is a hit in the DecisionTable, routed without Python objects per series; stages: "
+     "(shards, limited, owners dict, out tracker, gen) each"},
+    {"hit_counts", (PyCFunction)hit_counts, METH_NOARGS,
+     "hit_counts() -> (requests, series) routed by route_hits so far (tests)"},
     {NULL, NULL, 0, NULL},
 };
 

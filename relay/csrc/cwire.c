@@ -11,6 +11,7 @@
  * the previous series" guess (whose cache lookups are visible to a non-dict cache).
  */
 #include "common.h"
+#include "fastpath.h"
 
 #include <string.h>
 
@@ -187,19 +188,8 @@ static int histogram_ts(const uint8_t *b, Py_ssize_t s, Py_ssize_t e, int64_t *t
 
 /* ---- pass 1: the request's items, or 0 (hand it to the reference) ---------------------------- */
 
-typedef struct {
-    Py_ssize_t start, key_end, end; /* metadata: [start, end) is the raw tag-wrapped entry */
-    Py_ssize_t ns, ne, nh;
-    int64_t oldest; /* 0 when none, as `oldest or 0` */
-    int8_t metadata;
-    int8_t guess; /* the reference remembers this series' shape for the next one */
-} item;
-
-typedef struct {
-    item *items;
-    Py_ssize_t len, cap;
-    item small[64];
-} items;
+typedef fp_item item;
+typedef fp_items items;
 
 static item *push(items *it)
 {
@@ -679,11 +669,39 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "relay._cwire", NULL, -1, methods,
                                     NULL, NULL, NULL, NULL};
 
+static void items_free(items *it)
+{
+    if (it->items != it->small)
+        PyMem_Free(it->items);
+    it->items = it->small;
+    it->len = 0;
+    it->cap = 64;
+}
+
+static int parse_api(const uint8_t *b, Py_ssize_t n, items *it)
+{
+    it->items = it->small;
+    it->len = 0;
+    it->cap = 64;
+    return parse_request(b, n, it);
+}
+
+static fp_wire_api wire_api = {FP_API_VERSION, parse_api, items_free};
+
 PyMODINIT_FUNC PyInit__cwire(void)
 {
     if (str_append == NULL && (str_append = PyUnicode_InternFromString("append")) == NULL)
         return NULL;
     if (str_get == NULL && (str_get = PyUnicode_InternFromString("get")) == NULL)
         return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    PyObject *cap = PyCapsule_New(&wire_api, "relay._cwire._parse_api", NULL);
+    if (cap == NULL || PyModule_AddObject(m, "_parse_api", cap) < 0) {
+        Py_XDECREF(cap);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }
