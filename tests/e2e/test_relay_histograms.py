@@ -90,7 +90,10 @@ destinations:
                     timestamp=now)]),
             ])
             assert _post(url, v2.SerializeToString(), RW2) == 204
-            assert wait_until(lambda: _count(recv_url, "h_only_v2") is not None, timeout=30), relay.tail()
+            # each series goes out on its shard's own schedule: wait for all of them, not for the last one posted
+            names = ("h_only_v1", "h_mixed_v1", "h_only_v2")
+            assert wait_until(lambda: all(_count(recv_url, m) is not None for m in names)
+                              and prom_query(recv_url, "f_v1"), timeout=30), relay.tail()
             assert _count(recv_url, "h_only_v1") == 7.0
             assert _count(recv_url, "h_mixed_v1") == 5.0
             assert _count(recv_url, "h_only_v2") == 9.0
