@@ -379,3 +379,44 @@ def test_decide_re_entering_route_with_a_known_request_matches_the_reference() -
         ran.append(inner[2])
     assert results[0] == results[1]
     assert ran == [1, 0]
+
+
+def _generation(text: str, clock: Clock, ref: bool,
+                previous: tuple[Pipeline, CollectorRegistry, CardinalityMetrics] | None = None,
+                ) -> tuple[Pipeline, CollectorRegistry, CardinalityMetrics]:
+    """A Pipeline for config text; with previous, the reload's next generation (stats of the same
+    destinations, the in tracker, the lock and the owners handed over as the relay does)."""
+    config = parse_config("storage: {path: /nonexistent}\n" + text)
+    with reference() if ref else _nothing():
+        registry = previous[1] if previous else CollectorRegistry()
+        cm = previous[2] if previous else CardinalityMetrics(registry)
+        old = {s.name: s for s in previous[0].stats} if previous else {}
+        stats = [old.get(d.name) or DestinationStats(d.name, window_s=d.limits.window, clock=clock, metrics=cm)
+                 for d in config.destinations]
+        p = Pipeline(config, previous[0].metrics if previous else RelayMetrics(registry), stats,
+                     [None] * len(stats), cardinality=cm, clock=clock, previous=previous[0] if previous else None)
+    return p, registry, cm
+
+
+def test_a_reload_sharing_the_in_tracker_matches_the_reference_on_both_generations() -> None:
+    """After a reload (destinations reordered, one rewriting labels now) the old generation still
+    routes requests that began before it, next to the new one: both share the in tracker, the lock,
+    the out trackers and the owners; the fast path runs on both and every result and state stays
+    the reference's."""
+    new_text = ("external_labels: {cluster: c}\ndestinations:\n  - name: b\n" + DEST + "    queue: {max_shards: 3}\n"
+                "  - name: a\n" + DEST + "    write_relabel_configs:\n      - {regex: 'pod', action: labeldrop}\n")
+    clock = Clock()
+    c1 = _generation(CONFIGS["pass-through+prune, two destinations"], clock, False)
+    p1 = _generation(CONFIGS["pass-through+prune, two destinations"], clock, True)
+    body = _plain_request(range(5)) + metadata("m_a") + _plain_request(range(5, 9), metric="x_total")
+    for _ in range(2):
+        assert outcome(c1[0], body) == outcome(p1[0], body)
+    c2, p2 = _generation(new_text, clock, False, c1), _generation(new_text, clock, True, p1)
+    assert c2[0].tracker_in is c1[0].tracker_in and c2[0].lock is c1[0].lock
+    before = hits()
+    for k in range(4):
+        clock.t += 7
+        for c, p in ((c2, p2), (c1, p1)):
+            assert outcome(c[0], body) == outcome(p[0], body), k
+            assert state(c[0], c[1]) == state(p[0], p[1]), k
+    assert hits()[0] - before[0] >= 6  # both generations took the fast path once their caches knew the series
