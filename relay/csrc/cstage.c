@@ -1628,6 +1628,41 @@ static int check_rest(PyObject *entries, PyObject *inputs, Py_ssize_t j, Py_ssiz
     return 1;
 }
 
+/* take()'s answer for one destination: (pieces [(shard, bytes, samples, oldest)], kept, routed, drops
+   [(reason, samples, series)]), a new reference or NULL. The shards' buffers are cut to their length. */
+static PyObject *stage_result(Buf *bufs, const int64_t *counts, const int64_t *oldest, Py_ssize_t shards,
+                              const Drops *drops, int64_t kept, int64_t routed) {
+    PyObject *pieces = PyList_New(0), *drops_out = PyList_New(0), *result = NULL;
+    if (pieces == NULL || drops_out == NULL)
+        goto done;
+    for (Py_ssize_t s = 0; s < shards; s++) {
+        if (!counts[s])
+            continue;
+        if (_PyBytes_Resize(&bufs[s].bytes, (Py_ssize_t)bufs[s].len) < 0)
+            goto done;
+        PyObject *piece = Py_BuildValue("(nOLL)", s, bufs[s].bytes, (long long)counts[s], (long long)oldest[s]);
+        if (piece == NULL || PyList_Append(pieces, piece) < 0) {
+            Py_XDECREF(piece);
+            goto done;
+        }
+        Py_DECREF(piece);
+    }
+    for (Py_ssize_t i = 0; i < drops->n; i++) {
+        PyObject *item = Py_BuildValue("(OLL)", drops->d[i].reason, (long long)drops->d[i].samples,
+                                       (long long)drops->d[i].series);
+        if (item == NULL || PyList_Append(drops_out, item) < 0) {
+            Py_XDECREF(item);
+            goto done;
+        }
+        Py_DECREF(item);
+    }
+    result = Py_BuildValue("(OLLO)", pieces, (long long)kept, (long long)routed, drops_out);
+done:
+    Py_XDECREF(pieces);
+    Py_XDECREF(drops_out);
+    return result;
+}
+
 static PyObject *take(PyObject *module, PyObject *args) {
     PyObject *stage, *entries, *inputs, *new_in, *in_active, *labels_of, *tracker_obj;
     long long gen;
@@ -1642,7 +1677,7 @@ static PyObject *take(PyObject *module, PyObject *args) {
         Py_RETURN_NOTIMPLEMENTED;
 
     PyObject *shards_o = NULL, *limiter = NULL, *owners = NULL, *owners_dict = NULL, *contains_fn = NULL;
-    PyObject *ext_o = NULL, *result = NULL, *pieces = NULL, *drops_out = NULL;
+    PyObject *ext_o = NULL, *result = NULL;
     uint8_t *is_new = NULL;
     Buf *bufs = NULL;
     int64_t *counts = NULL, *oldest = NULL;
@@ -1907,32 +1942,7 @@ static PyObject *take(PyObject *module, PyObject *args) {
             goto fail;
         Py_DECREF(r);
     }
-    pieces = PyList_New(0);
-    drops_out = PyList_New(0);
-    if (pieces == NULL || drops_out == NULL)
-        goto fail;
-    for (Py_ssize_t s = 0; s < shards; s++) {
-        if (!counts[s])
-            continue;
-        if (_PyBytes_Resize(&bufs[s].bytes, (Py_ssize_t)bufs[s].len) < 0)
-            goto fail;
-        PyObject *piece = Py_BuildValue("(nOLL)", s, bufs[s].bytes, (long long)counts[s], (long long)oldest[s]);
-        if (piece == NULL || PyList_Append(pieces, piece) < 0) {
-            Py_XDECREF(piece);
-            goto fail;
-        }
-        Py_DECREF(piece);
-    }
-    for (Py_ssize_t i = 0; i < drops.n; i++) {
-        PyObject *item = Py_BuildValue("(OLL)", drops.d[i].reason, (long long)drops.d[i].samples,
-                                       (long long)drops.d[i].series);
-        if (item == NULL || PyList_Append(drops_out, item) < 0) {
-            Py_XDECREF(item);
-            goto fail;
-        }
-        Py_DECREF(item);
-    }
-    result = Py_BuildValue("(OLLO)", pieces, (long long)kept, (long long)routed, drops_out);
+    result = stage_result(bufs, counts, oldest, shards, &drops, kept, routed);
     goto done;
 not_implemented:
     result = Py_NewRef(Py_NotImplemented);
@@ -1940,8 +1950,6 @@ not_implemented:
 fail:
     result = NULL;
 done:
-    Py_XDECREF(pieces);
-    Py_XDECREF(drops_out);
     Py_XDECREF(shards_o);
     Py_XDECREF(limiter);
     Py_XDECREF(owners);
@@ -2406,38 +2414,12 @@ static PyObject *route_hits(PyObject *module, PyObject *args) {
                 goto fail;
             Py_DECREF(r);
         }
-        PyObject *pieces = PyList_New(0), *drops_out = PyList_New(0), *one = NULL;
-        if (pieces == NULL || drops_out == NULL)
-            goto stage_fail;
-        for (Py_ssize_t s = 0; s < shards; s++) {
-            if (!counts[s])
-                continue;
-            if (_PyBytes_Resize(&bufs[s].bytes, (Py_ssize_t)bufs[s].len) < 0)
-                goto stage_fail;
-            PyObject *piece = Py_BuildValue("(nOLL)", s, bufs[s].bytes, (long long)counts[s], (long long)oldest[s]);
-            if (piece == NULL || PyList_Append(pieces, piece) < 0) {
-                Py_XDECREF(piece);
-                goto stage_fail;
-            }
-            Py_DECREF(piece);
-        }
-        for (Py_ssize_t k = 0; k < drops.n; k++) {
-            PyObject *item = Py_BuildValue("(OLL)", drops.d[k].reason, (long long)drops.d[k].samples,
-                                           (long long)drops.d[k].series);
-            if (item == NULL || PyList_Append(drops_out, item) < 0) {
-                Py_XDECREF(item);
-                goto stage_fail;
-            }
-            Py_DECREF(item);
-        }
-        one = Py_BuildValue("(OLLO)", pieces, (long long)kept, (long long)routed, drops_out);
+        PyObject *one = stage_result(bufs, counts, oldest, shards, &drops, kept, routed);
         if (one == NULL || PyList_Append(per_stage, one) < 0) {
             Py_XDECREF(one);
-            goto stage_fail;
+            goto fail;
         }
         Py_DECREF(one);
-        Py_DECREF(pieces);
-        Py_DECREF(drops_out);
         for (Py_ssize_t s = 0; s < nbufs; s++)
             Py_XDECREF(bufs[s].bytes);
         PyMem_RawFree(bufs);
@@ -2447,10 +2429,6 @@ static PyObject *route_hits(PyObject *module, PyObject *args) {
         counts = oldest = NULL;
         nbufs = 0;
         continue;
-    stage_fail:
-        Py_XDECREF(pieces);
-        Py_XDECREF(drops_out);
-        goto fail;
     }
     metadata = PyList_New(0);
     if (metadata == NULL)
