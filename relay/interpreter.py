@@ -24,9 +24,9 @@ per connection, the group committer, a sender per shard). CPython's defaults sui
   thresholds (``MMAP_THRESHOLD_BYTES``, ``TRIM_THRESHOLD_BYTES``) keep those buffers in the heap and
   reuse them: minor page faults on issue 9's pass-through job fell from about 227,000 to about
   12,000. Memory freed stays with the process up to the trim threshold per arena: at 8 MiB the
-  relay's RSS at 1M active series is lower than with glibc's defaults (184 against 210 B per
-  series, relay_series_bench's memory section); a 64 MiB threshold held 277 B. Only where the C
-  library is glibc (``mallopt``); elsewhere nothing is changed.
+  relay's RSS at 1M active series is about what it is with glibc's defaults (184 and 211 B per
+  series in two runs, against 210; relay_series_bench's memory section); a 64 MiB threshold held
+  277 B. Only where the C library is glibc (``mallopt``); elsewhere nothing is changed.
 
 Measured side by side (``bench/interpreter_bench.py``: the same relay with and without them,
 alternating runs, issue 9's job): keep 4 names 2.28 -> 1.96 us per sample (0.86x), pass-through
