@@ -13,8 +13,7 @@ tests prove the fast path ran (its counters), and fell back where it must.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import nullcontext
 from typing import Any
 
 import pytest
@@ -22,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from relay import cardinality, native, wire
+from relay import native, wire
 from relay.cardinality import CardinalityMetrics, CSeriesTracker, DestinationStats
 from relay.config import parse_config
 from relay.metrics import RelayMetrics
@@ -30,6 +29,7 @@ from relay.pipeline import Pipeline
 from relay.proto import remote_v1_pb2 as v1pb
 from relay.protowire import encode_len
 from relay.stage import route_hits
+from tests.test_native_cstage import Clock, reference
 from tests.test_native_cwire import histograms, metadata_entries
 
 _c = native.load("cstage")
@@ -61,27 +61,12 @@ CONFIGS = {
 METRICS = ["m_a", "m_b", "x_total", "other"]
 
 
-class Clock:
-    def __init__(self, t: float = 1_700_000_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@contextmanager
-def reference() -> Iterator[None]:
-    saved = cardinality._NATIVE
-    cardinality._NATIVE = None
-    try:
-        yield
-    finally:
-        cardinality._NATIVE = saved
+T0 = 1_700_000_000.0  # the clocks' start (a real-looking time: limits and windows count from it)
 
 
 def pipeline(name: str, clock: Clock, ref: bool) -> tuple[Pipeline, CollectorRegistry]:
     config = parse_config("storage: {path: /nonexistent}\n" + CONFIGS[name])
-    with reference() if ref else _nothing():
+    with reference() if ref else nullcontext():
         registry = CollectorRegistry()
         cm = CardinalityMetrics(registry)
         stats = [DestinationStats(d.name, window_s=d.limits.window, clock=clock, metrics=cm)
@@ -89,11 +74,6 @@ def pipeline(name: str, clock: Clock, ref: bool) -> tuple[Pipeline, CollectorReg
         p = Pipeline(config, RelayMetrics(registry), stats, [None] * len(stats), cardinality=cm, clock=clock)
     assert (type(p.tracker_in) is CSeriesTracker) is not ref
     return p, registry
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def state(p: Pipeline, registry: CollectorRegistry) -> dict[str, Any]:
@@ -173,7 +153,7 @@ _step = st.one_of(
 
 
 def run_both(name: str, reqs: list[bytes], steps: list[tuple[Any, ...]]) -> None:
-    clock = Clock()
+    clock = Clock(T0)
     cp, creg = pipeline(name, clock, False)
     pp, preg = pipeline(name, clock, True)
     sent = 0
@@ -211,7 +191,7 @@ def _plain_request(uids: range, ts: int = 1_700_000_000_000, metric: str = "m_a"
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_a_known_request_takes_the_fast_path_for_every_series(name: str) -> None:
-    clock = Clock()
+    clock = Clock(T0)
     cp, creg = pipeline(name, clock, False)
     pp, preg = pipeline(name, clock, True)
     body = _plain_request(range(5)) + metadata("m_a") + _plain_request(range(5, 6), metric="x_total")
@@ -227,7 +207,7 @@ def test_a_known_request_takes_the_fast_path_for_every_series(name: str) -> None
 
 
 def test_a_request_with_one_new_series_takes_the_usual_path() -> None:
-    clock = Clock()
+    clock = Clock(T0)
     cp, creg = pipeline("keep+labeldrop", clock, False)
     pp, preg = pipeline("keep+labeldrop", clock, True)
     for p in (cp, pp):
@@ -244,7 +224,7 @@ def test_a_request_with_one_new_series_takes_the_usual_path() -> None:
 def test_an_owner_that_is_another_series_sends_the_request_the_usual_way() -> None:
     """labeldrop pod: two input series (pods 0 and 1) make one output; the second is a collision,
     decided by the reference's CollisionOwners every time, and the fast path never runs."""
-    clock = Clock()
+    clock = Clock(T0)
     cp, creg = pipeline("keep+labeldrop", clock, False)
     pp, preg = pipeline("keep+labeldrop", clock, True)
     body = b"".join(series_entry(("m_a", 0, pod, 1, False, 1, False), 1_700_000_000_000) for pod in (0, 1))
@@ -257,7 +237,7 @@ def test_an_owner_that_is_another_series_sends_the_request_the_usual_way() -> No
 
 
 def test_a_tiny_cache_evicts_between_requests_and_results_stay_the_references() -> None:
-    clock = Clock()
+    clock = Clock(T0)
     cp, creg = pipeline("pass-through+prune, two destinations", clock, False)
     pp, preg = pipeline("pass-through+prune, two destinations", clock, True)
     body = _plain_request(range(12))
@@ -286,7 +266,7 @@ def test_a_digest_found_whose_entry_is_not_a_plain_decision(kind: str) -> None:
     """What the table holds for a key is what both pipelines use: an entry the fast path does not
     take (stored whole, None for a destination, a tuple stored as is) sends the request the usual
     way, with the reference's result or error; a shared drop stays on the fast path."""
-    clock = Clock()
+    clock = Clock(T0)
     cp, creg = pipeline("keep+labeldrop", clock, False)
     pp, preg = pipeline("keep+labeldrop", clock, True)
     body = _plain_request(range(4))
@@ -319,7 +299,7 @@ def test_a_digest_found_whose_entry_is_not_a_plain_decision(kind: str) -> None:
 
 def test_wrapping_wire_route_or_a_stage_take_turns_the_fast_path_off() -> None:
     """Benches time these calls by wrapping them: then the pipeline calls them as before."""
-    clock = Clock()
+    clock = Clock(T0)
     cp, _ = pipeline("keep+labeldrop", clock, False)
     body = _plain_request(range(4))
     cp.route(body)
@@ -340,7 +320,7 @@ def test_wrapping_wire_route_or_a_stage_take_turns_the_fast_path_off() -> None:
 
 
 def test_non_bytes_bodies_and_malformed_requests_take_the_usual_path() -> None:
-    clock = Clock()
+    clock = Clock(T0)
     cp, _ = pipeline("keep+labeldrop", clock, False)
     pp, _ = pipeline("keep+labeldrop", clock, True)
     body = _plain_request(range(4))
@@ -355,7 +335,7 @@ def test_non_bytes_bodies_and_malformed_requests_take_the_usual_path() -> None:
 def test_decide_re_entering_route_with_a_known_request_matches_the_reference() -> None:
     """A decide that routes a known request from inside the outer request's route loop: the inner
     route takes the fast path while the outer one runs the usual path, as the reference's would."""
-    clock = Clock()
+    clock = Clock(T0)
     known = _plain_request(range(5))
     new = _plain_request(range(5, 9))
     results = []
@@ -387,7 +367,7 @@ def _generation(text: str, clock: Clock, ref: bool,
     """A Pipeline for config text; with previous, the reload's next generation (stats of the same
     destinations, the in tracker, the lock and the owners handed over as the relay does)."""
     config = parse_config("storage: {path: /nonexistent}\n" + text)
-    with reference() if ref else _nothing():
+    with reference() if ref else nullcontext():
         registry = previous[1] if previous else CollectorRegistry()
         cm = previous[2] if previous else CardinalityMetrics(registry)
         old = {s.name: s for s in previous[0].stats} if previous else {}
@@ -405,7 +385,7 @@ def test_a_reload_sharing_the_in_tracker_matches_the_reference_on_both_generatio
     the reference's."""
     new_text = ("external_labels: {cluster: c}\ndestinations:\n  - name: b\n" + DEST + "    queue: {max_shards: 3}\n"
                 "  - name: a\n" + DEST + "    write_relabel_configs:\n      - {regex: 'pod', action: labeldrop}\n")
-    clock = Clock()
+    clock = Clock(T0)
     c1 = _generation(CONFIGS["pass-through+prune, two destinations"], clock, False)
     p1 = _generation(CONFIGS["pass-through+prune, two destinations"], clock, True)
     body = _plain_request(range(5)) + metadata("m_a") + _plain_request(range(5, 9), metric="x_total")
