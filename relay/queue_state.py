@@ -2,7 +2,8 @@
 consumers, the ids consumers hold and the acks not yet written. One lock guards it all, so
 depth, shards and wait never touch SQLite (they answer even after close). Puts and commits wait on
 ``_cond``; each shard's consumer waits on its own condition over the same lock, woken only by a
-commit that added entries to that shard (or by close), not by every commit of every shard."""
+commit that added entries to that shard and brought it to the waiter's threshold (or by close), not
+by every commit of every shard nor by puts that would not fill its batch."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ class QueueState:
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)  # guards everything below
         self._shard_cond: dict[int, threading.Condition] = {}  # shard -> its consumer's wake-up, same lock
+        self._wants: dict[int, list[tuple[int, int]]] = {}  # shard -> thresholds of the waits under way
         self._closed = False
         self._samples = 0
         self._bytes = 0
@@ -32,7 +34,7 @@ class QueueState:
             self._shard_samples[shard] = self._shard_samples.get(shard, 0) + s
             self._put_seq[shard] = self._put_seq.get(shard, 0) + 1
             cond = self._shard_cond.get(shard)
-            if cond is not None:
+            if cond is not None and any(self._ready(shard, *want) for want in self._wants.get(shard, ())):
                 cond.notify_all()
 
     def _apply_removed(self, removed: dict[int, list[int]]) -> None:
@@ -72,16 +74,20 @@ class QueueState:
             cond = self._shard_cond.get(shard)
             if cond is None:
                 cond = self._shard_cond[shard] = threading.Condition(self._lock)
+            want = (min_samples, min_entries)
+            wants = self._wants.setdefault(shard, [])
+            wants.append(want)  # what a commit checks before waking this wait
+            try:
+                return cond.wait_for(lambda: self._closed or self._ready(shard, *want), timeout) and not self._closed
+            finally:
+                wants.remove(want)
 
-            def ready() -> bool:
-                if self._closed:
-                    return True
-                if self._put_seq.get(shard, 0) == self._seen_seq.get(shard, 0):
-                    return False
-                return (self._shard_samples.get(shard, 0) >= min_samples
-                        or (min_entries > 0 and self._entries.get(shard, 0) >= min_entries))
-
-            return cond.wait_for(ready, timeout) and not self._closed
+    def _ready(self, shard: int, min_samples: int, min_entries: int) -> bool:
+        """Under _cond: something was put for ``shard`` since its last peek, and it holds the threshold."""
+        if self._put_seq.get(shard, 0) == self._seen_seq.get(shard, 0):
+            return False
+        return (self._shard_samples.get(shard, 0) >= min_samples
+                or (min_entries > 0 and self._entries.get(shard, 0) >= min_entries))
 
     def _wake_all(self) -> None:
         """Under _cond: wake every waiter, puts and consumers (close)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from relay.queue import ENTRY_OVERHEAD_BYTES, DurableQueue, Entry, QueueError, RequestTooLargeError
+from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -260,6 +261,56 @@ def test_commits_to_other_shards_do_not_wake_a_waiting_consumer(queue: DurableQu
     time.sleep(0.05)
     assert woke == [] and seq.looks == looks_before  # not one wake-up for 30 commits elsewhere
     queue.put([(0, b"mine", 1)])
+    t.join(2)
+    assert woke == [True]
+
+
+def _spy_notify(cond: threading.Condition) -> list[int]:
+    """Counts the notify_all calls on a shard's condition (each one wakes its waiting consumer)."""
+    calls: list[int] = []
+    real = cond.notify_all
+
+    def notify_all() -> None:
+        calls.append(1)
+        real()
+
+    cond.notify_all = notify_all  # type: ignore[method-assign]
+    return calls
+
+
+@pytest.mark.parametrize(("threshold", "below", "filling"), [
+    ({"min_samples": 10}, [(0, b"x", 1)] * 9, [(0, b"y", 1)]),
+    ({"min_samples": 100, "min_entries": 4}, [(0, b"x", 1)] * 3, [(0, b"y", 1)]),
+])
+def test_puts_below_a_waiting_consumers_threshold_do_not_wake_it(
+    queue: DurableQueue, threshold: dict[str, int], below: list[tuple[int, bytes, int]],
+    filling: list[tuple[int, bytes, int]]
+) -> None:
+    # the commit checks the waiter's threshold itself: a wake-up that finds too little is a context
+    # switch and a GIL hand-off per put for nothing
+    woke: list[bool] = []
+    t = threading.Thread(target=lambda: woke.append(queue.wait(0, 10, **threshold)))
+    t.start()
+    assert wait_until(lambda: 0 in queue._shard_cond, timeout=2)
+    time.sleep(0.05)
+    notified = _spy_notify(queue._shard_cond[0])
+    for piece in below:
+        queue.put([piece])
+    time.sleep(0.05)
+    assert woke == [] and notified == []
+    queue.put(filling)
+    t.join(2)
+    assert woke == [True] and notified == [1]
+
+
+def test_a_commit_wakes_a_waiting_consumer_once_its_wait_ended_by_timeout(queue: DurableQueue) -> None:
+    # the threshold of a wait that timed out must not keep later, plain waits asleep
+    assert queue.wait(0, 0.05, min_samples=10) is False
+    woke: list[bool] = []
+    t = threading.Thread(target=lambda: woke.append(queue.wait(0, 10)))
+    t.start()
+    time.sleep(0.05)
+    queue.put([(0, b"one", 1)])
     t.join(2)
     assert woke == [True]
 
