@@ -14,13 +14,26 @@ if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
 
 
+_date: tuple[int, str] = (0, "")  # (second, its Date value): formatted once a second, not per reply
+
+
+def http_date(now: float | None = None) -> str:
+    """The Date header's value (RFC 9110 IMF-fixdate) for ``now`` (default: the time)."""
+    global _date
+    second = int(time.time() if now is None else now)
+    cached = _date
+    if cached[0] != second:
+        cached = _date = (second, email.utils.formatdate(second, usegmt=True))
+    return cached[1]
+
+
 def response_head(status: int, content_type: str, headers: Mapping[str, str], length: int, close: bool) -> bytes:
     """Status line and headers of a reply, ready to be sent together with its body."""
     try:
         reason = http.HTTPStatus(status).phrase
     except ValueError:
         reason = "Unknown"
-    lines = [f"HTTP/1.1 {status} {reason}", "Server: gpu-relay", f"Date: {email.utils.formatdate(usegmt=True)}",
+    lines = [f"HTTP/1.1 {status} {reason}", "Server: gpu-relay", f"Date: {http_date()}",
              f"Content-Type: {content_type}", f"Content-Length: {length}"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
     if close:

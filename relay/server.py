@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from relay.http_conn import DeadlineReader, SocketWriter, response_head
+from relay.http_head import HeadError, Headers, read_headers
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,8 @@ _LINGER_S = 1.0  # after refusing a body: how long its bytes are read and discar
 _LINGER_BYTES = 1 << 20
 _WARN_EVERY_S = 60.0
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
+# a request line this server parses itself; any other goes to http.server's own checks and errors
+_REQUEST_LINE = re.compile(rb"([A-Z]{1,16}) ([\x21-\x7e]{1,65500}) HTTP/1\.([01])\r?\n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +88,7 @@ def _busy(what: str) -> Reply:
 
 class _Handler(BaseHTTPRequestHandler):
     server: RelayHTTPServer
+    raw_requestline: bytes  # set by http.server's handle_one_request
     protocol_version = "HTTP/1.1"
     server_version = "gpu-relay"
 
@@ -117,6 +121,33 @@ class _Handler(BaseHTTPRequestHandler):
         self._body_pending = False
         self.command = ""
         super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        """The request line and headers. A well-formed HTTP/1.0 or 1.1 request line (what every
+        remote-write client sends) is parsed here and its headers by relay.http_head; any other goes
+        to http.server, which answers it as it always has. True: the request may be served."""
+        m = _REQUEST_LINE.fullmatch(self.raw_requestline)
+        if m is None:
+            return super().parse_request()
+        self.request_version = "HTTP/1." + m[3].decode()
+        self.requestline = self.raw_requestline.decode("iso-8859-1").rstrip("\r\n")
+        self.command, self.path = m[1].decode(), m[2].decode("iso-8859-1")
+        if self.path.startswith("//"):  # as http.server: "//host/x" must not read as a network path
+            self.path = "/" + self.path.lstrip("/")
+        self.close_connection = m[3] == b"0"
+        head = read_headers(self.rfile)
+        if isinstance(head, HeadError):
+            self.send_error(head.status, head.reason)
+            return False
+        self.headers = head  # type: ignore[assignment]
+        connection = head.get("Connection", "").lower()
+        if connection == "close":
+            self.close_connection = True
+        elif connection == "keep-alive":
+            self.close_connection = False
+        if head.get("Expect", "").lower() == "100-continue" and self.request_version == "HTTP/1.1":
+            return self.handle_expect_100()
+        return True
 
     def finish(self) -> None:
         if self._body_pending:  # read and drop what the client still sends, so that closing does not
@@ -242,7 +273,9 @@ class _Handler(BaseHTTPRequestHandler):
             body = self._read_exact(length)
             if isinstance(body, Reply):
                 return body
-            return self._call(ep.write, {k.lower(): v for k, v in self.headers.items()}, body)
+            headers = self.headers
+            lowered = headers.lowered() if isinstance(headers, Headers) else {k.lower(): v for k, v in headers.items()}
+            return self._call(ep.write, lowered, body)
         finally:
             srv.requests.release()
 

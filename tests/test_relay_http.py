@@ -149,6 +149,68 @@ def test_write_with_a_missing_bad_or_unsupported_length_is_a_4xx_and_closes(
     assert ep.writes == []
 
 
+@pytest.mark.parametrize(("head", "status", "reason"), [
+    (b"Content-Length : 5\r\n", 400, b"malformed header line"),
+    (b"X-Folded: a\r\n  b\r\nContent-Length: 5\r\n", 400, b"obsolete line folding in headers"),
+    (b"".join(b"X-%d: v\r\n" % i for i in range(101)) + b"Content-Length: 5\r\n", 431, b"too many headers"),
+    (b"X-Big: " + b"a" * 70000 + b"\r\nContent-Length: 5\r\n", 431, b"line too long"),
+])
+def test_a_write_whose_headers_cannot_be_read_strictly_is_refused_and_closed(
+    serve: Serve, head: bytes, status: int, reason: bytes
+) -> None:
+    ep = Recorder()
+    answer = exchange(serve(ep), WRITE_HEAD + head + b"\r\nhello", timeout=2)
+    assert status_of(answer) == status and body_of(answer) == reason + b"\n", answer[:200]
+    assert b"Connection: close" in answer and not answer.endswith(b"<still open>")
+    assert ep.writes == []
+
+
+@pytest.mark.parametrize(("request_line", "status"), [
+    (b"GET /-/healthy HTTP/2.0\r\n", 505),  # http.server's own checks answer what we do not parse
+    (b"get /-/healthy HTTP/1.1\r\n", 501),
+    (b"GET /-/healthy HTTP/1.x\r\n", 400),
+    (b"GET  /-/healthy HTTP/1.1\r\n", 200),  # http.server splits the line on any run of blanks
+    (b"POST /api/v1/write HTTP/1.1 extra\r\n", 400),
+])
+def test_unusual_request_lines_get_http_servers_answers(serve: Serve, request_line: bytes, status: int) -> None:
+    answer = exchange(serve(), request_line + b"Host: x\r\nConnection: close\r\n\r\n", timeout=2)
+    assert status_of(answer) == status and not answer.endswith(b"<still open>")
+
+
+def test_http_1_0_closes_after_the_reply_unless_it_asks_for_keep_alive(serve: Serve) -> None:
+    server = serve()
+    answer = exchange(server, b"GET /-/healthy HTTP/1.0\r\nHost: x\r\n\r\n", timeout=2)
+    assert status_of(answer) == 200 and not answer.endswith(b"<still open>")
+    with connect(server) as sock:
+        sock.sendall(b"GET /-/healthy HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n")
+        answer = read_until_closed(sock, timeout=0.5)
+    assert status_of(answer) == 200 and answer.endswith(b"<still open>")
+
+
+def test_expect_100_continue_gets_100_before_the_body_is_sent(serve: Serve) -> None:
+    ep = Recorder()
+    with connect(serve(ep)) as sock:
+        sock.sendall(WRITE_HEAD + b"Content-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+        sock.settimeout(2)
+        assert sock.recv(100).startswith(b"HTTP/1.1 100 Continue\r\n")
+        sock.sendall(b"hello")
+        assert status_of(sock.recv(1000)) == 204
+    assert [b for _, b in ep.writes] == [b"hello"]
+
+
+def test_a_path_starting_with_two_slashes_is_read_as_a_path_not_a_host(serve: Serve) -> None:
+    ep = Recorder()
+    answer = exchange(serve(ep), b"POST //api/v1/write HTTP/1.1\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+    assert status_of(answer) == 204 and [b for _, b in ep.writes] == [b"ok"]
+
+
+def test_the_write_endpoint_gets_lowercased_names_and_the_last_of_repeated_headers(serve: Serve) -> None:
+    ep = Recorder()
+    exchange(serve(ep), WRITE_HEAD + b"X-Rep: 1\r\nx-rep: 2\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+    [(headers, _)] = ep.writes
+    assert headers["x-rep"] == "2" and headers["content-type"] == "application/x-protobuf" and "host" in headers
+
+
 def test_body_shorter_than_content_length_is_400_and_not_processed(serve: Serve) -> None:
     ep = Recorder()
     server = serve(ep)
