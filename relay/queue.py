@@ -79,6 +79,7 @@ __all__ = ["ENTRY_OVERHEAD_BYTES", "DurableQueue", "Entry", "Piece", "QueueError
 log = logging.getLogger(__name__)
 
 _MARK_EVERY_S = 1.0
+_PAGES = "SELECT * FROM pragma_page_count(), pragma_freelist_count()"  # both in one statement
 
 
 class _Pending:
@@ -254,6 +255,7 @@ class DurableQueue(QueueState):
         removed: dict[int, list[int]] = {}
         freed_delivered: set[int] = set()
         d_samples = d_bytes = 0
+        free_pages: int | None = None
         with self._wlock, contextlib.ExitStack() as readers:
             db = self._wdb
             self._flush_delivered(db)
@@ -282,7 +284,8 @@ class DurableQueue(QueueState):
                         a[1] += samples
                         d_samples += samples
                         d_bytes += size
-                    rs, rb = self._trim(db, d_bytes, added, removed, first_id or 0, freed_delivered, hold_readers)
+                    rs, rb, free_pages = self._trim(db, d_bytes, added, removed, first_id or 0, freed_delivered,
+                                                    hold_readers)
                     p.dropped = rs
                     d_bytes -= rb
                 db.execute("COMMIT")
@@ -299,16 +302,18 @@ class DurableQueue(QueueState):
                 self._apply_added(added)
                 self._apply_removed(removed)
                 self._last_id = max(self._last_id, last_id)  # (_apply_added woke the shards' consumers)
-            self._maintain(db)
+            self._maintain(db, free_pages)
 
     def _trim(self, db: sqlite3.Connection, d_bytes: int, added: dict[int, list[int]],
               removed: dict[int, list[int]], first_own: int, freed_delivered: set[int],
-              hold_readers: Callable[[], None]) -> tuple[int, int]:
+              hold_readers: Callable[[], None]) -> tuple[int, int, int | None]:
         """Delete the oldest entries until the queue fits; never rows of this commit (id >= first_own)
-        nor rows a consumer holds. Returns (samples, bytes) freed, delivered rows not counted.
+        nor rows a consumer holds. Returns (samples, bytes) freed, delivered rows not counted, and the
+        database's free pages at the end (None: not read, the queue has no page bound).
         Held and delivered ids are read under _cond for each chunk: an ack moves an id from one to
         the other atomically, so a row is never counted lost when its sender has it."""
         freed_samples = freed_bytes = 0
+        free: int | None = None
         after = 0
         while True:
             with self._cond:
@@ -317,8 +322,7 @@ class DurableQueue(QueueState):
                 used = self._bytes + d_bytes - freed_bytes + ENTRY_OVERHEAD_BYTES * entries
             excess = used - self.max_disk_bytes
             if self.plan.db_pages is not None:
-                (pages,) = db.execute("PRAGMA page_count").fetchone()
-                (free,) = db.execute("PRAGMA freelist_count").fetchone()
+                pages, free = db.execute(_PAGES).fetchone()
                 excess = max(excess, (pages - free - self.plan.db_pages) * qf.PAGE_SIZE)
             if excess <= 0:
                 break
@@ -349,7 +353,7 @@ class DurableQueue(QueueState):
                     break
             if cut:
                 db.execute(f"DELETE FROM entries WHERE id IN ({','.join('?' * len(cut))})", cut)
-        return freed_samples, freed_bytes
+        return freed_samples, freed_bytes, free
 
     def ack(self, ids: Sequence[int]) -> None:
         """Delete entries (sent, or dropped by the sender). Unknown ids are ignored. Never raises for
@@ -425,11 +429,12 @@ class DurableQueue(QueueState):
                 db.close()
                 self._wdb = self._connect()
 
-    def _maintain(self, db: sqlite3.Connection) -> None:
+    def _maintain(self, db: sqlite3.Connection, free_pages: int | None = None) -> None:
         """After a commit: give free pages back, keep the WAL small, refresh the mark. Best effort:
-        the data is already committed, so a failure here is not the caller's."""
+        the data is already committed, so a failure here is not the caller's. ``free_pages``: the
+        free pages the commit's transaction last read (saves reading them again)."""
         try:
-            qo.upkeep(db, self.path, self.plan, self._rlock)
+            qo.upkeep(db, self.path, self.plan, self._rlock, free_pages)
         except (sqlite3.Error, OSError) as e:
             log.debug("queue %s: maintenance skipped: %s", self.name, e)
         now = time.monotonic()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sqlite3
 import tempfile
 import threading
@@ -211,12 +212,14 @@ def rollback(db: sqlite3.Connection) -> bool:
     return db.in_transaction
 
 
-def upkeep(db: sqlite3.Connection, path: Path, plan: DiskPlan, rlock: threading.Lock) -> None:
+def upkeep(db: sqlite3.Connection, path: Path, plan: DiskPlan, rlock: threading.Lock,
+           free: int | None = None) -> None:
     """After a commit: give free pages back to the volume, truncate a WAL past 3/4 of its allowance
     (holding the read lock, so no reader of ours pins it). Raises sqlite3.Error or OSError."""
-    (free,) = db.execute("PRAGMA freelist_count").fetchone()
+    if free is None:
+        (free,) = db.execute("PRAGMA freelist_count").fetchone()
     if free >= plan.vacuum_pages:
         db.executescript("PRAGMA incremental_vacuum;")  # execute() would free one page only
-    if Path(f"{path}-wal").stat().st_size > plan.wal_bytes * 3 // 4:
+    if os.stat(f"{path}-wal").st_size > plan.wal_bytes * 3 // 4:
         with rlock:
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -448,3 +448,50 @@ def test_a_piece_with_a_pre_1970_timestamp_is_stored_and_counts_as_too_old(tmp_p
         assert entry.oldest_ts_ms == -1 and entry.oldest_time == -0.001
     finally:
         q.close()
+
+
+def _free_pages(q: DurableQueue) -> int:
+    with q._wlock:
+        (n,) = q._wdb.execute("PRAGMA freelist_count").fetchone()
+    return int(n)
+
+
+def test_free_pages_go_back_to_the_volume_after_each_commit_that_freed_enough(tmp_path: Path) -> None:
+    q = DurableQueue(tmp_path / "d.queue.db", 8 << 20, clock=lambda: 1000.0)
+    try:
+        big = os.urandom(3000)  # incompressible: about a page per entry
+        free_seen: list[int] = []
+        for _ in range(6):
+            for _ in range(200):
+                q.put([(0, big, 1)])
+                free_seen.append(_free_pages(q))
+            q.ack([e.id for e in q.peek(0, 10_000, 10_000)])
+            free_seen.append(_free_pages(q))
+        assert max(free_seen) < q.plan.vacuum_pages, (max(free_seen), q.plan.vacuum_pages)
+    finally:
+        q.close()
+
+
+@pytest.mark.parametrize(("told", "vacuums"), [(None, True), ("actual", True), (0, False)])
+def test_upkeep_vacuums_on_the_free_page_count_it_is_given_or_reads(
+    tmp_path: Path, told: int | str | None, vacuums: bool
+) -> None:
+    # a put's transaction reads the page counts for its disk bound: upkeep reuses that count
+    from relay import queue_open as qo
+
+    q = DurableQueue(tmp_path / "d.queue.db", 8 << 20, clock=lambda: 1000.0)
+    try:
+        with q._wlock:
+            db = q._wdb
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany("INSERT INTO entries (shard, samples, enqueued_at, oldest_ts, payload, raw_len, crc) "
+                           "VALUES (0, 1, 0, 0, ?, 0, 0)", [(os.urandom(3000),)] * (2 * q.plan.vacuum_pages))
+            db.execute("COMMIT")
+            db.execute("DELETE FROM entries")
+        free = _free_pages(q)
+        assert free >= q.plan.vacuum_pages
+        with q._wlock:
+            qo.upkeep(q._wdb, q.path, q.plan, q._rlock, free if told == "actual" else told)  # type: ignore[arg-type]
+        assert (_free_pages(q) < q.plan.vacuum_pages) is vacuums
+    finally:
+        q.close()
