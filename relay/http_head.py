@@ -1,4 +1,4 @@
-"""The head of an HTTP/1.x request, read and parsed without the email package.
+"""The head of an HTTP/1.x request or response, read and parsed without the email package.
 
 http.server hands header parsing to ``email.parser`` (a MIME parser: policy objects, content-type
 probes, a lower() per header per lookup), which cost about a tenth of the relay's CPU per small write.
@@ -8,10 +8,17 @@ them strictly as RFC 9112 asks of a server: ``name: value`` with a token for a n
 between the name and its colon, no obsolete line folding (both answered 400: a proxy before us might
 read such a line otherwise, which is how requests get smuggled). ``Headers`` offers what the server
 reads of email's Message: ``in``, ``get`` (the first value), ``get_all``, ``items``, case-insensitive.
+
+``read_headers(rfile, strict=False)`` reads a response head the way http.client does, leniently (a
+receiver's odd header must not fail every send): a folded line continues the previous value, a line
+that is not ``name: value`` is skipped. ``Response`` is http.client's HTTPResponse with that reader
+(the sender's transport uses it).
 """
 
 from __future__ import annotations
 
+import http
+import http.client
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -102,9 +109,25 @@ def parse_line(line: bytes) -> tuple[str, str] | HeadError:
     return name, value.strip(" \t")
 
 
-def read_headers(rfile: Lines) -> Headers | HeadError:
+def _lenient(fields: list[tuple[str, str]], line: bytes) -> None:
+    """A response header line into ``fields``: folded lines continue the last value; a line that
+    is not ``name: value`` is dropped (as email's parser drops it from the headers)."""
+    text = line.decode("iso-8859-1")
+    if text[:1] in (" ", "\t"):
+        if fields:
+            name, value = fields[-1]
+            fields[-1] = (name, (value + " " + text.strip(" \t")).strip())
+        return
+    name, sep, value = text.partition(":")
+    name = name.rstrip(" \t")
+    if sep and name and _TOKEN.fullmatch(name):
+        fields.append((name, value.strip(" \t")))
+
+
+def read_headers(rfile: Lines, strict: bool = True) -> Headers | HeadError:
     """The header lines up to the empty line that ends them (or the end of the stream). Timeouts and
-    socket errors of ``rfile`` propagate."""
+    socket errors of ``rfile`` propagate. ``strict``: a request's (refuse malformed lines); else a
+    response's (see ``_lenient``); the limits hold either way."""
     fields: list[tuple[str, str]] = []
     while True:
         line = rfile.readline(MAX_LINE + 1)
@@ -115,7 +138,55 @@ def read_headers(rfile: Lines) -> Headers | HeadError:
         if len(fields) >= MAX_HEADERS:
             return HeadError(431, "Too many headers")
         end = 2 if line.endswith(b"\r\n") else 1 if line.endswith(b"\n") else 0
+        if not strict:
+            _lenient(fields, line[: len(line) - end])
+            continue
         parsed = parse_line(line[: len(line) - end])
         if isinstance(parsed, HeadError):
             return parsed
         fields.append(parsed)
+
+
+class Response(http.client.HTTPResponse):
+    """http.client's response with its head read by ``read_headers(strict=False)``: the same status,
+    version, framing (Content-Length, chunked, close) and errors, without the email parser."""
+
+    def begin(self) -> None:
+        if self.headers is not None:
+            return
+        while True:
+            version, status, reason = self._read_status()
+            if status != http.HTTPStatus.CONTINUE:
+                break
+            skipped = read_headers(self.fp, strict=False)  # an interim 100's head
+            if isinstance(skipped, HeadError):
+                raise http.client.HTTPException(skipped.reason.lower())
+        self.code = self.status = status
+        self.reason = reason.strip()
+        if version in ("HTTP/1.0", "HTTP/0.9"):
+            self.version = 10
+        elif version.startswith("HTTP/1."):
+            self.version = 11
+        else:
+            raise http.client.UnknownProtocol(version)
+        head = read_headers(self.fp, strict=False)
+        if isinstance(head, HeadError):
+            raise http.client.HTTPException(head.reason.lower())
+        self.headers = self.msg = head
+        self.chunked = head.get("transfer-encoding", "").lower() == "chunked"
+        self.chunk_left = None
+        self.will_close = self._check_close()
+        self.length = None
+        length = head.get("content-length")
+        if length and not self.chunked:
+            try:
+                self.length = int(length)
+            except ValueError:
+                self.length = None
+            if self.length is not None and self.length < 0:  # a negative length means nothing
+                self.length = None
+        if status in (http.HTTPStatus.NO_CONTENT, http.HTTPStatus.NOT_MODIFIED) or 100 <= status < 200 \
+                or self._method == "HEAD":
+            self.length = 0
+        if not self.will_close and not self.chunked and self.length is None:
+            self.will_close = True  # no framing: the body ends when the connection does

@@ -39,6 +39,8 @@ import requests
 import requests.adapters
 import requests.utils
 
+from relay.http_head import Response as _HeadResponse
+
 log = logging.getLogger(__name__)
 
 NETWORK_ERROR = 0
@@ -224,6 +226,7 @@ class HttpTransport:
             conn = http.client.HTTPSConnection(route.host, route.port, timeout=timeout, context=self._tls)
         else:
             conn = http.client.HTTPConnection(route.host, route.port, timeout=timeout)
+        conn.response_class = _HeadResponse  # http.client's, its head read without the email parser
         if route.tunnel is not None:
             conn.set_tunnel(*route.tunnel, headers=dict(route.proxy_headers))
         conn.connect()
