@@ -495,3 +495,20 @@ def test_upkeep_vacuums_on_the_free_page_count_it_is_given_or_reads(
         assert (_free_pages(q) < q.plan.vacuum_pages) is vacuums
     finally:
         q.close()
+
+
+@pytest.mark.parametrize("per_insert", [1000, 3])
+def test_a_puts_rows_keep_their_order_per_shard_whatever_the_rows_per_insert(
+    queue: DurableQueue, monkeypatch: pytest.MonkeyPatch, per_insert: int
+) -> None:
+    from relay import queue as queue_module
+
+    monkeypatch.setattr(queue_module, "_ROWS_PER_INSERT", per_insert)
+    queue.put([(0, b"a1", 1), (1, b"b1", 2), (0, b"a2", 3), (0, b"a3", 4), (1, b"b2", 5), (0, b"a4", 6),
+               (2, b"c1", 7)])
+    queue.put([(0, b"a5", 1)])
+    a = queue.peek(0, 100)
+    assert payloads(a) == [b"a1", b"a2", b"a3", b"a4", b"a5"] and [e.samples for e in a] == [1, 3, 4, 6, 1]
+    assert [e.id for e in a] == sorted(e.id for e in a)
+    assert payloads(queue.peek(1, 100)) == [b"b1", b"b2"] and payloads(queue.peek(2, 100)) == [b"c1"]
+    assert queue.depth()[0] == 29 and queue.backlog(0) == (5, 15)
