@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import snappy
 
-from bench import relay_bench, relay_series_bench
+from bench import relay_bench, relay_series_bench, request_bench
 from bench.receivers import Contents, Sink, VictoriaMetrics
 from bench.relay_run import KEEP4_RULES, Result, post_all, run_relay
 from bench.rw_payload import KEEP, Payload, build_requests, cluster_series, encode_v1, encode_v2, payload
@@ -144,6 +144,21 @@ def test_tiny_full_bench_prints_every_table_with_exact_deliveries(tmp_path: Path
     assert "given one RW 2.0 request (252 samples)" in text
     assert "first sight" in text and "passthrough" in text
     assert "     2,000 " in text  # the memory row at 2,000 series
+
+
+@pytest.mark.slow
+def test_request_bench_compares_two_trees_and_vmagent_with_exact_deliveries() -> None:
+    require_binary("victoria-metrics")
+    require_binary("vmagent")
+    out = io.StringIO()
+    root = str(Path(__file__).resolve().parent.parent)
+    with contextlib.redirect_stdout(out):
+        request_bench.main(["--nodes", "1", "--rounds", "2", "--repeat", "1", "--compare", root])
+    text = out.getvalue()
+    assert "184 series x 2 rounds = 368 samples in 92 requests" in text
+    rows = [ln for ln in text.splitlines() if ln.startswith(("gpu-relay (", "vmagent "))]
+    assert len(rows) == 3 and rows[-1].endswith(" 1.00x"), text
+    assert "every run delivered exactly 368 samples" in text
 
 
 @pytest.mark.slow
