@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from relay import wire
+from relay import native, wire
 from relay.labels import Labels
 
 Names = tuple[str, ...]
@@ -84,7 +84,18 @@ def _sorted(names: Names) -> bool:
 
 def decode_key(key: bytes) -> tuple[Labels, Names, bool]:
     """``(wire.decode_labels(key), its names, canonical)``; canonical: ``key`` is exactly
-    ``wire.encode_labels`` of the result. Raises ``wire.WireError`` as ``wire.decode_labels`` does."""
+    ``wire.encode_labels`` of the result. Raises ``wire.WireError`` as ``wire.decode_labels`` does.
+    The C twin (relay._cwire.decode_key, its own bounded entry memo) answers strictly canonical
+    keys (every length under 128, names sorted); every other key, and every error, is the reference's."""
+    if _c_decode is not None:
+        r = _c_decode(key)
+        if r is not None:
+            return r
+    return py_decode_key(key)
+
+
+def py_decode_key(key: bytes) -> tuple[Labels, Names, bool]:
+    """``decode_key`` in Python: the reference (and the fallback)."""
     out: list[tuple[str, str]] = []
     append = out.append
     get = _PAIR.get
@@ -110,6 +121,10 @@ def decode_key(key: bytes) -> tuple[Labels, Names, bool]:
             return labels, names, True
     labels = wire.decode_labels(key)
     return labels, tuple([q[0] for q in labels]), False
+
+
+_cwire = native.load("cwire")
+_c_decode: Callable[[bytes], tuple[Labels, Names, bool] | None] | None = _cwire.decode_key if _cwire else None
 
 
 def encode(labels: Labels) -> bytes:
