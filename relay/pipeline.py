@@ -25,6 +25,7 @@ windows (samples over ``MAX_FUTURE_S`` ahead open none).
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import sys
 import threading
@@ -209,7 +210,8 @@ class Pipeline:
             if hits is not None:
                 return hits
             cache = self.cache
-            routed = wire.route(v1, len(self.stages) + 1, cache.young, lambda key: cache.miss(key, self.decide))
+            miss = functools.partial(cache.miss, decide=self.decide)
+            routed = wire.route(v1, len(self.stages) + 1, cache.young, miss)
             cache.evict()
             result = IngestResult(
                 series=routed.series_in,

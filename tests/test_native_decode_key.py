@@ -184,3 +184,13 @@ def test_label_codec_decodes_canonical_keys_in_c_without_the_python_memo() -> No
     assert label_codec.decode_key(key)[2] is True
     assert not label_codec._PAIR and not label_codec._SORTED  # the C twin answered
     assert cwire.decode_key_memo()[2] >= 2  # both entries found in its memo
+
+
+def test_label_codec_series_id_is_the_c_blake2b_64() -> None:
+    import hashlib
+    assert label_codec.series_id is cwire.series_id
+    for n in (0, 1, 127, 128, 129, 255, 256, 257, 330, 1000):
+        key = bytes(range(256)) * 4
+        key = key[:n]
+        assert label_codec.series_id(key) == label_codec._py_series_id(key) == \
+            int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")

@@ -567,10 +567,16 @@ static inline uint64_t rotr64(uint64_t x, unsigned n) { return (x >> n) | (x << 
 
 static inline uint64_t load64(const uint8_t *p)
 {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+#else
     uint64_t v = 0;
     for (int i = 7; i >= 0; i--)
         v = (v << 8) | p[i];
     return v;
+#endif
 }
 
 #define B2_G(a, b, c, d, x, y)            \
@@ -598,6 +604,9 @@ static void b2_compress(uint64_t h[8], const uint8_t block[128], uint64_t t, int
     v[12] ^= t; /* the high word of the 128-bit counter stays 0 */
     if (last)
         v[14] = ~v[14];
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC unroll 12 /* constant message-word indices: about twice as fast */
+#endif
     for (int round = 0; round < 12; round++) {
         const uint8_t *s = B2_SIGMA[round % 10];
         B2_G(0, 4, 8, 12, m[s[0]], m[s[1]]);
