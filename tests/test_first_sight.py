@@ -351,3 +351,21 @@ def test_first_sight_bench_measures_both_paths_on_distinct_new_series_and_prints
     assert all(r.series == 8 * 21 and r.before_us > 0 and r.after_us > 0 for r in rows)
     table = bench.in_process_table(rows)
     assert "keep4" in table and "kps" in table and "B per series at 1M" in table
+
+
+def test_first_sight_bench_compare_keeps_each_rows_best_repeat_and_prints_both_trees() -> None:
+    from bench import relay_series_bench as bench
+
+    def run(after: float, route: float, new: float) -> dict[str, object]:
+        row = {"rules": "keep4", "shape": "dcgm", "series": 10, "before_us": 20.0, "after_us": after,
+               "route_new_us": route}
+        return {"in_process": [row], "first_sight": [{"rules": "keep4", "series": 63000, "new_us": new,
+                                                      "known_us": 1.0}]}
+
+    base = bench._best([run(9.0, 12.0, 12.0), run(8.0, 11.0, 13.0)])
+    this = bench._best([run(4.0, 6.0, 8.0), run(5.0, 5.5, 7.0)])
+    assert base["in_process"][0]["route_new_us"] == 11.0 and base["first_sight"][0]["new_us"] == 12.0
+    assert this["in_process"][0]["route_new_us"] == 5.5 and this["first_sight"][0]["new_us"] == 7.0
+    table = bench.compare_tables({"base": base, "this": this})
+    assert "2.00x" in table  # route new-known 11.0 / 5.5
+    assert "11.0 us" in table and "6.0 us" in table  # first sight: base 12 - 1, this 7 - 1
