@@ -403,10 +403,40 @@ static PyObject *cache_get(PyObject *cache, PyObject *get, PyObject *key)
     return v;
 }
 
+/* 1 for a cache whose get() has no side effect and answers what a dict would: a dict, or relay._cdcache's
+ * DecisionTable (exact types). For these the reference's second lookup of a key that just missed is
+ * skipped; any other cache sees every call the reference makes. */
+static PyTypeObject *decision_table_type;
+static int decision_table_looked_up;
+
+static int pure_cache(PyObject *cache)
+{
+    if (PyDict_CheckExact(cache))
+        return 1;
+    if (!decision_table_looked_up) {
+        decision_table_looked_up = 1;
+        PyObject *mod = PyImport_ImportModule("relay._cdcache");
+        if (mod == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        PyObject *t = PyObject_GetAttrString(mod, "DecisionTable");
+        Py_DECREF(mod);
+        if (t == NULL || !PyType_Check(t)) {
+            PyErr_Clear();
+            Py_XDECREF(t);
+            return 0;
+        }
+        decision_table_type = (PyTypeObject *)t; /* kept for the module's life */
+    }
+    return decision_table_type != NULL && Py_TYPE(cache) == decision_table_type;
+}
+
 static PyObject *route_items(const uint8_t *b, PyObject *buf, const items *it, PyObject *cache,
                              PyObject *decide, PyObject *per_dest, PyObject *metadata)
 {
     PyObject *get = NULL, *key = NULL, *rest = NULL, *decision = NULL, *count = NULL, *first = NULL;
+    PyObject *missed = NULL; /* the guessed key, which missed in a cache whose lookups have no effect */
     Py_ssize_t series = 0, samples = 0, histograms = 0, exemplars = 0, fresh = 0;
     Py_ssize_t glen = 0, head = 0; /* the guessed one-sample rest: its length and where it was */
     int64_t gts = 0;
@@ -427,6 +457,10 @@ static PyObject *route_items(const uint8_t *b, PyObject *buf, const items *it, P
                 if ((key = PyBytes_FromStringAndSize((const char *)b + r->start, g - r->start)) == NULL)
                     goto fail;
                 decision = cache_get(cache, get, key);
+                if (decision == NULL && !PyErr_Occurred() && g == r->key_end && pure_cache(cache)) {
+                    missed = key; /* the same key missed: looking it up again would answer the same */
+                    key = NULL;
+                }
                 Py_CLEAR(key);
                 if (decision != NULL) {
                     series++;
@@ -447,7 +481,9 @@ static PyObject *route_items(const uint8_t *b, PyObject *buf, const items *it, P
                     goto fail;
             }
         }
-        key = PyBytes_FromStringAndSize((const char *)b + r->start, r->key_end - r->start);
+        key = missed != NULL ? missed : PyBytes_FromStringAndSize((const char *)b + r->start, r->key_end - r->start);
+        int known_miss = missed != NULL;
+        missed = NULL;
         rest = PyBytes_FromStringAndSize((const char *)b + r->key_end, r->end - r->key_end);
         if (key == NULL || rest == NULL)
             goto fail;
@@ -462,7 +498,7 @@ static PyObject *route_items(const uint8_t *b, PyObject *buf, const items *it, P
         samples += r->ns;
         exemplars += r->ne;
         histograms += r->nh;
-        decision = cache_get(cache, get, key);
+        decision = known_miss ? NULL : cache_get(cache, get, key);
         if (decision == NULL) {
             if (PyErr_Occurred())
                 goto fail;
@@ -498,6 +534,7 @@ static PyObject *route_items(const uint8_t *b, PyObject *buf, const items *it, P
     return Py_BuildValue("(nnnnn)", series, samples, histograms, exemplars, fresh);
 fail:
     Py_XDECREF(get);
+    Py_XDECREF(missed);
     Py_XDECREF(key);
     Py_XDECREF(rest);
     Py_XDECREF(decision);
