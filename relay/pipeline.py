@@ -59,6 +59,16 @@ _ID_MASK = (1 << 60) - 1  # input ids: 60 bits, a 32-byte int (64 bits take 36)
 __all__ = ["AGGREGATE_GRACE_MS", "IngestResult", "Piece", "Pipeline"]
 
 
+class _Scratch(dict[bytes, Labels]):
+    """Labels decided during the current request, by label bytes; any other label bytes' labels are
+    decoded on lookup (and not kept)."""
+
+    __slots__ = ()
+
+    def __missing__(self, lb: bytes) -> Labels:
+        return wire.decode_labels(lb)
+
+
 @dataclass(slots=True)
 class IngestResult:
     series: int = 0
@@ -114,7 +124,10 @@ class Pipeline:
             stage.amp_limits = self.amp_limits
             stage.external = external
         self.cache = DecisionCache(cache_max_bytes)
-        self._scratch: dict[bytes, Labels] = {}  # labels decided during the current request
+        self._scratch = _Scratch()  # labels decided during the current request
+        # what the trackers and stages call for a series' labels: a C-level lookup, no Python frame
+        # when the labels were decided in this request (else __missing__ decodes them)
+        self._labels_of: Callable[[bytes], Labels] = self._scratch.__getitem__
         # (new stage, old stage) whose old aggregator's windows are still to be emitted (reload)
         self._orphans: list[tuple[DestinationStage, DestinationStage]] = []
         # requests (and flushes) between routing and their queue writes: a reload waits for them
@@ -199,8 +212,7 @@ class Pipeline:
 
     def _labels(self, lb: bytes) -> Labels:
         """Labels of input or output label bytes: decided in this request, else decoded."""
-        labels = self._scratch.get(lb)
-        return wire.decode_labels(lb) if labels is None else labels
+        return self._scratch[lb]
 
     # -- the per-series pass: every occurrence ---------------------------------------------------------
     def route(self, v1: bytes) -> tuple[IngestResult, list[list[Piece]]]:
@@ -223,7 +235,7 @@ class Pipeline:
             if any(len(d) != len(inputs) for d in routed.per_dest):
                 # decide() never answers None for a destination, so every list has every series
                 raise ValueError("wire.route: per-destination entries do not line up with the inputs")
-            new_in = set(self.tracker_in.observe_inputs(inputs, self._labels))
+            new_in = set(self.tracker_in.observe_inputs(inputs, self._labels_of))
             in_active = self.tracker_in.has()
             md = metadata_entries(routed.metadata) if routed.metadata else []
             if md:
@@ -231,7 +243,7 @@ class Pipeline:
             family_entries = [(family, raw) for family, raw, _ in md]
             pieces_per_dest: list[list[Piece]] = []
             for i, stage in enumerate(self.stages):
-                pieces, kept, _ = stage.take(routed.per_dest[i + 1], inputs, new_in, in_active, self._labels)
+                pieces, kept, _ = stage.take(routed.per_dest[i + 1], inputs, new_in, in_active, self._labels_of)
                 metadata = stage.metadata(family_entries)
                 if metadata:
                     pieces.append((0, metadata, 0, 0))
@@ -259,7 +271,7 @@ class Pipeline:
             stages.append(args)
         assert _route_hits is not None
         try:
-            r = _route_hits(v1, self.cache.young, tracker_in._t, gen_in, tuple(stages), self._labels)
+            r = _route_hits(v1, self.cache.young, tracker_in._t, gen_in, tuple(stages), self._labels_of)
         except BaseException:
             self.cache.evict()  # as the usual path, whose lookups come before its errors
             raise

@@ -25,6 +25,7 @@ from relay.labels import Labels
 from relay.limits import AmpLimits, amp_violation
 from relay.metrics import RelayMetrics
 from relay.pipeline import Pipeline
+from relay.protowire import WireError
 from relay.relabel import RelabelConfig, parse_relabel_config, process
 from relay.rule_plan import RulePlan
 from tests.first_sight_reference import ref_decide, unmemoised
@@ -369,3 +370,23 @@ def test_first_sight_bench_compare_keeps_each_rows_best_repeat_and_prints_both_t
     table = bench.compare_tables({"base": base, "this": this})
     assert "2.00x" in table  # route new-known 11.0 / 5.5
     assert "11.0 us" in table and "6.0 us" in table  # first sight: base 12 - 1, this 7 - 1
+
+
+def test_labels_of_answers_labels_decided_in_the_request_and_decodes_any_other_without_keeping_them() -> None:
+    p = _one_destination()
+    decided, other = _key(__name__="m1", pod="a"), _key(__name__="m2", pod="b")
+    p.decide(decided)
+    assert p._labels_of(decided) is p._scratch[decided]
+    assert p._labels_of(other) == wire.decode_labels(other) == (("__name__", "m2"), ("pod", "b"))
+    assert other not in p._scratch and p._labels(other) == p._labels_of(other)
+    with pytest.raises(WireError) as e:
+        p._labels_of(b"\x0a\x02\x0a\x00")  # an empty label name: the reference decoder's error
+    assert str(e.value) == str(_wire_error(wire.decode_labels, b"\x0a\x02\x0a\x00"))
+
+
+def _wire_error(fn: Any, arg: bytes) -> WireError:
+    try:
+        fn(arg)
+    except WireError as e:
+        return e
+    raise AssertionError("no WireError")
