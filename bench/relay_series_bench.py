@@ -221,6 +221,7 @@ def memo_bytes_bound(rule_lists: int = 1, regexes: int = 5, amp_limits: int = 1)
     one destination with the kps rules (one rule list, 5 regexes)."""
     return (label_codec.MAX_ENTRIES * label_codec.ENTRY_BYTES
             + label_codec.MAX_NAME_SETS * (label_codec.NAME_SET_BYTES + 128)
+            + label_codec.C_MEMO_SLOTS * (label_codec.C_MEMO_SLOT_BYTES + label_codec.C_MEMO_PAIR_BYTES)
             + rule_lists * rule_plan.MAX_EFFECTS * (rule_plan.EFFECT_BYTES + rule_plan.PLAN_BYTES)
             + regexes * relabel_regexp.MEMO_MAX * REGEX_MEMO_BYTES
             + (amp_limits + 1) * limits.MAX_MEMO * 250)

@@ -33,6 +33,11 @@ MAX_NAMES = 100  # longer name tuples are not memoised
 # the pair tuple and its value string, two dict slots. Names are interned (shared).
 ENTRY_BYTES = 300  # measured (tracemalloc): ~270
 NAME_SET_BYTES = 120
+# relay._cwire.decode_key's memo: a direct-mapped table of slots (entry bytes inline, 144 B each),
+# allocated at the first call, each holding a (name, value) pair: tuple and value string
+C_MEMO_SLOTS = 16_384
+C_MEMO_SLOT_BYTES = 144
+C_MEMO_PAIR_BYTES = 150
 
 _PAIR: dict[bytes, tuple[str, str]] = {}  # entry bytes -> (name, value)
 _ENTRY: dict[tuple[str, str], bytes] = {}  # (name, value) -> entry bytes (only pairs decoded here)
@@ -40,8 +45,13 @@ _SORTED: dict[Names, bool] = {}  # names -> strictly increasing
 
 
 def memo_bytes() -> int:
-    """Estimated memory held by the memos now (bounded by MAX_ENTRIES and MAX_NAME_SETS)."""
-    return max(len(_PAIR), len(_ENTRY)) * ENTRY_BYTES + len(_SORTED) * (NAME_SET_BYTES + 8 * 16)
+    """Estimated memory held by the memos now (bounded by MAX_ENTRIES and MAX_NAME_SETS, and the C
+    decoder's table: C_MEMO_SLOTS slots, C_MEMO_PAIR_BYTES per pair it holds)."""
+    c = 0
+    if _cwire is not None:
+        _, used, _, _, table = _cwire.decode_key_memo()
+        c = table + used * C_MEMO_PAIR_BYTES
+    return max(len(_PAIR), len(_ENTRY)) * ENTRY_BYTES + len(_SORTED) * (NAME_SET_BYTES + 8 * 16) + c
 
 
 def clear() -> None:

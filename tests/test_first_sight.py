@@ -263,7 +263,8 @@ def test_label_entry_memo_never_holds_more_than_its_bound() -> None:
         assert len(label_codec._PAIR) <= label_codec.MAX_ENTRIES
         assert len(label_codec._ENTRY) <= label_codec.MAX_ENTRIES
     assert label_codec.memo_bytes() <= label_codec.MAX_ENTRIES * label_codec.ENTRY_BYTES + \
-        label_codec.MAX_NAME_SETS * (label_codec.NAME_SET_BYTES + 128)
+        label_codec.MAX_NAME_SETS * (label_codec.NAME_SET_BYTES + 128) + \
+        label_codec.C_MEMO_SLOTS * (label_codec.C_MEMO_SLOT_BYTES + label_codec.C_MEMO_PAIR_BYTES)
 
 
 def test_rule_effect_memo_never_holds_more_than_its_bound() -> None:

@@ -168,10 +168,12 @@ def test_entries_that_replace_each_other_in_the_memo_still_decode_exactly() -> N
     want = [label_codec.py_decode_key(k) for k in ks]
     for _ in range(2):
         assert [cwire.decode_key(k) for k in ks] == want
-    _, used, hits, misses = cwire.decode_key_memo()
+    _, used, hits, misses, table = cwire.decode_key_memo()
     assert used <= slots  # bounded, whatever the number of distinct entries
     assert hits > 0 and misses > 3 * slots  # the metric name hit; pods collided and were replaced
-    assert cwire.decode_key_memo(True)[1] == used and cwire.decode_key_memo()[1:] == (0, 0, 0)
+    assert slots * 130 <= table <= slots * 160  # the slots hold the entries' bytes
+    assert cwire.decode_key_memo(True)[1] == used and cwire.decode_key_memo()[1:4] == (0, 0, 0)
+    assert label_codec.memo_bytes() >= table
     assert cwire.decode_key(ks[0]) == want[0]
 
 

@@ -853,10 +853,12 @@ done:
     return out;
 }
 
-/* decode_key_memo() -> (slots, used, hits, misses); decode_key_memo(True) also empties the table. */
+/* decode_key_memo() -> (slots, used, hits, misses, table bytes); decode_key_memo(True) also empties the
+ * table (its slots stay allocated). */
 static PyObject *decode_key_memo(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    PyObject *out = Py_BuildValue("(nnnn)", (Py_ssize_t)DK_SLOTS, dk_used, dk_hits, dk_misses);
+    PyObject *out = Py_BuildValue("(nnnnn)", (Py_ssize_t)DK_SLOTS, dk_used, dk_hits, dk_misses,
+                                  dk_table == NULL ? (Py_ssize_t)0 : (Py_ssize_t)(DK_SLOTS * sizeof(dk_slot)));
     if (out != NULL && nargs > 0 && PyObject_IsTrue(args[0]) == 1 && dk_table != NULL) {
         for (Py_ssize_t i = 0; i < DK_SLOTS; i++)
             Py_CLEAR(dk_table[i].pair);
@@ -877,7 +879,7 @@ static PyMethodDef methods[] = {
     {"decode_key", decode_key, METH_O,
      "decode_key(key): relay.label_codec.decode_key's (labels, names, True) for a strictly canonical key, else None."},
     {"decode_key_memo", (PyCFunction)(void (*)(void))decode_key_memo, METH_FASTCALL,
-     "decode_key_memo([clear]): (slots, used, hits, misses) of decode_key's entry memo; clear empties it."},
+     "decode_key_memo([clear]): (slots, used, hits, misses, table bytes) of decode_key's entry memo; clear empties it."},
     {"fallbacks", fallbacks, METH_NOARGS,
      "fallbacks(): how many route_loop calls were handed to the Python reference so far."},
     {NULL, NULL, 0, NULL},
