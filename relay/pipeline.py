@@ -39,7 +39,7 @@ from relay.config import Config
 from relay.decision_cache import DecisionCache
 from relay.label_codec import decode_key
 from relay.labels import METRIC_NAME, Labels
-from relay.limits import AmpLimits, CollisionDetector
+from relay.limits import AmpLimits, CollisionDetector, amp_violation_named
 from relay.metrics import RelayMetrics
 from relay.queue import DurableQueue, Piece
 from relay.rules import Rules, add_external_labels
@@ -135,6 +135,10 @@ class Pipeline:
         self._idle = threading.Condition(threading.Lock())
         if previous is not None:
             self._take_over(previous)
+        # every destination sends every sendable input as it is (no rules, external labels, prune or
+        # aggregation): decide()'s shortest path, one output id for all of them
+        self._as_is = (self.rules.global_identity and all(self.rules.destination_identity)
+                       and all(stage.aggregator is None and not stage.external for stage in self.stages))
 
     def _take_over(self, previous: Pipeline) -> None:
         """On reload, keep per-series state: collision owners per destination, and aggregation
@@ -177,6 +181,15 @@ class Pipeline:
         in_id = hash(labels) & _ID_MASK
         self._scratch[key] = labels
         out: list[wire.DestDecision | None] = [(key, in_id, metric_in)]
+        if self._as_is and canonical and metric_in:  # what stage.decide answers for the key's own labels
+            sid = label_codec.series_id(key)
+            size = len(key)
+            for stage in self.stages:
+                if amp_violation_named(labels, names, size, stage.amp_limits) is None:
+                    out.append((key, sid, metric_in))
+                else:
+                    out.append(stage.decide(key, labels, True, self._scratch, -1, names))
+            return tuple(out)
         rules = self.rules
         if rules.global_identity:  # decoded labels have no empty value: sendable iff a metric name
             base = (labels, names) if metric_in else None

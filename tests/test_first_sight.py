@@ -391,3 +391,32 @@ def _wire_error(fn: Any, arg: bytes) -> WireError:
     except WireError as e:
         return e
     raise AssertionError("no WireError")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 3), amp_st,
+       st.lists(key_sets(), min_size=1, max_size=3).map(lambda ks: [k for s in ks for k in s]))
+def test_decide_for_destinations_that_send_every_series_as_it_is_equals_the_reference(
+        n_dest: int, amp: AmpLimits, keys: list[bytes]) -> None:
+    config = Config(destinations=tuple(DestinationConfig(name=f"d{i}", url="http://127.0.0.1:1/w")
+                                       for i in range(n_dest)))
+    p = pipeline(config, amp)
+    assert p._as_is  # decide()'s shortest path
+    for key in keys * 2:
+        want_scratch: dict[bytes, Labels] = {}
+        want = outcome(ref_decide, p, key, want_scratch)
+        p._scratch.clear()
+        assert outcome(p.decide, key) == want, key
+        if want[0] == "ok":
+            assert p._scratch == want_scratch
+
+
+def test_the_shortest_decide_path_is_off_where_anything_changes_a_series() -> None:
+    prune = Config(destinations=(DestinationConfig(name="d", url="http://127.0.0.1:1/w", prune_labels=("b",)),))
+    external = Config(external_labels=(("cluster", "c"),),
+                      destinations=(DestinationConfig(name="d", url="http://127.0.0.1:1/w"),))
+    aggregated = Config(destinations=(DestinationConfig(name="d", url="http://127.0.0.1:1/w",
+                                                        aggregate=(AggregateConfig(match="m", without=("b",)),)),))
+    for config in (prune, external, aggregated):
+        assert not pipeline(config, AmpLimits())._as_is
+    assert not _one_destination({"regex": "b", "action": "labeldrop"})._as_is
