@@ -5,7 +5,9 @@ maybe damaged afterwards: many of those go through the C loop itself. Every inpu
 twice in a row with one cache each (the second pass runs the warm path and its one-sample guess),
 with 1-3 destinations and a decide that sometimes raises WireError or answers the wrong number of
 decisions; everything observable must match (results or errors, per-destination entries, metadata,
-decide's keys, the cache), and series_id must match hashlib.
+decide's keys, the cache), and series_id must match hashlib. Every label key decide saw, and the
+input itself, also goes through decode_key: C must answer label_codec.py_decode_key's result or decline
+(None), and label_codec.decode_key must give the reference's result or error.
 Any difference raises, which atheris reports as a crash with the input saved.
 
     .venv/bin/pip install atheris        # not a project dependency
@@ -29,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 with atheris.instrument_imports():
     from relay import protowire, wire, wire_entries  # noqa: F401  (instrumented: coverage guides the fuzzer)
 
-from relay import native
+from relay import label_codec, native
 from relay.proto import remote_v1_pb2 as v1pb
 from relay.protowire import WireError, encode_int64, encode_len
 
@@ -133,9 +135,27 @@ def one_input(data: bytes) -> None:
         handed = cwire.fallbacks() - runs["fallbacks_at_start"]
         print(f"fuzz_cwire: {n:,} inputs compared, {runs['accepted']:,} accepted by both; C routed "
               f"{2 * n - handed:,} calls itself, handed {handed:,} to the reference", file=sys.stderr, flush=True)
+    for key in [buf, *py[1]]:
+        check_decode_key(key)
     want = int.from_bytes(hashlib.blake2b(buf, digest_size=8).digest(), "little")
     if cwire.series_id(buf) != want:
         raise AssertionError(f"series_id differs on {buf!r}")
+
+
+def _decoded(fn: Callable[[bytes], Any], key: bytes) -> Any:
+    try:
+        return ("ok", fn(key))
+    except WireError as e:
+        return ("WireError", e.status, e.message)
+
+
+def check_decode_key(key: bytes) -> None:
+    want = _decoded(label_codec.py_decode_key, key)
+    got = cwire.decode_key(key)
+    if got is not None and ("ok", got) != want:
+        raise AssertionError(f"decode_key differs on {key!r}:\n C: {got!r}\n Py: {want!r}")
+    if _decoded(label_codec.decode_key, key) != want:
+        raise AssertionError(f"label_codec.decode_key differs from the reference on {key!r}")
 
 
 def seeds() -> list[bytes]:

@@ -22,18 +22,29 @@ as a whole, its decision cache and every other per-series structure included. Th
     .venv/bin/python bench/relay_series_bench.py --first-sight   # in process only: ~1 min
     .venv/bin/python bench/relay_series_bench.py                 # first sight on 63,000 series; memory at 1M
     .venv/bin/python bench/relay_series_bench.py 1000000 2000000 5000000  # memory at 1M, 2M, 5M: ~14 min, 5 GiB
+    .venv/bin/python bench/relay_series_bench.py --compare /work/main [--first-sight] [--repeat 2]
+
+``--compare PATH``: the first-sight figures (in process, and end to end unless ``--first-sight``) of this
+tree and of the checkout at PATH (its relay package and built extensions, run by this interpreter with
+PATH first on sys.path), one worker process per tree and repeat, the trees alternating, best of
+``--repeat`` (default 2): side by side in one run. No memory section.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # (a --compare worker imported its tree's relay)
 
 import snappy
 from prometheus_client import CollectorRegistry
@@ -59,6 +70,7 @@ from relay.metrics import RelayMetrics
 from relay.pipeline import Pipeline
 from tests.first_sight_reference import ref_decide
 
+HERE = Path(__file__).resolve().parents[1]
 WARM_NODE = 900_000  # warm-up series come from node numbers no measured series uses
 MIN_AVAILABLE_MIB = 3072  # the memory run stops growing when the machine has less available than this
 
@@ -209,6 +221,7 @@ def memo_bytes_bound(rule_lists: int = 1, regexes: int = 5, amp_limits: int = 1)
     one destination with the kps rules (one rule list, 5 regexes)."""
     return (label_codec.MAX_ENTRIES * label_codec.ENTRY_BYTES
             + label_codec.MAX_NAME_SETS * (label_codec.NAME_SET_BYTES + 128)
+            + label_codec.C_MEMO_SLOTS * (label_codec.C_MEMO_SLOT_BYTES + label_codec.C_MEMO_PAIR_BYTES)
             + rule_lists * rule_plan.MAX_EFFECTS * (rule_plan.EFFECT_BYTES + rule_plan.PLAN_BYTES)
             + regexes * relabel_regexp.MEMO_MAX * REGEX_MEMO_BYTES
             + (amp_limits + 1) * limits.MAX_MEMO * 250)
@@ -345,11 +358,87 @@ def memory_table(base: float, peak: float, rows: Sequence[MemRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def worker(quick: bool, end_to_end: bool) -> dict[str, Any]:
+    """The first-sight figures of the relay this process imports, as JSON-able rows (``--compare``)."""
+    rows = [in_process(name, rules, shape, 8 if quick else 40, 1 if quick else 3)
+            for name, rules in RULE_SETS for shape in SHAPES]
+    out: dict[str, Any] = {"in_process": [dataclasses.asdict(r) for r in rows], "first_sight": []}
+    if end_to_end:
+        series = cluster_series(25 if quick else 250, ISSUE9_OTHER_PER_NODE)
+        with tempfile.TemporaryDirectory() as td:
+            out["first_sight"] = [dataclasses.asdict(first_sight(name, rules, keep, series, Path(td) / name))
+                                  for name, rules, keep in (("keep4", KEEP4_RULES, KEEP), ("passthrough", "", None))]
+    return out
+
+
+def run_worker(tree: Path, quick: bool, end_to_end: bool) -> dict[str, Any]:
+    """``worker`` in a fresh process whose relay (its gpu-relay processes included) comes from ``tree``."""
+    code = (f"import json, sys; sys.path[:0] = [{str(tree)!r}, {str(HERE / 'bench')!r}]; import relay; "
+            f"assert relay.__file__.startswith({str(tree)!r}), relay.__file__; "
+            f"from relay_series_bench import worker; print(json.dumps(worker({quick}, {end_to_end})))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(tree)  # the relays it starts import the same tree
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=str(tree), capture_output=True, text=True,
+                       check=False)
+    if r.returncode:
+        raise RuntimeError(f"worker in {tree} failed:\n{r.stderr}")
+    result: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+    return result
+
+
+def compare_tables(best: dict[str, dict[str, Any]]) -> str:
+    """This tree against the base, per in-process row and per end-to-end first sight."""
+    base, this = best["base"], best["this"]
+    header = (f"{'rules':<12} {'labels':<6} {'decide base':>11} {'this':>8} {'ratio':>6}   "
+              f"{'route new-known base':>20} {'this':>8} {'ratio':>6}")
+    lines = ["First sight in process, this tree against the base (Pipeline.decide per new series; route new-known:",
+             "Pipeline.route of all-new requests minus the same known, per series), best of every repeat:",
+             header, "-" * len(header)]
+    for b, t in zip(base["in_process"], this["in_process"], strict=True):
+        lines.append(f"{t['rules']:<12} {t['shape']:<6} {b['after_us']:>8.1f} us {t['after_us']:>5.1f} us "
+                     f"{b['after_us'] / t['after_us']:>5.2f}x   {b['route_new_us']:>17.1f} us "
+                     f"{t['route_new_us']:>5.1f} us {b['route_new_us'] / t['route_new_us']:>5.2f}x")
+    if this["first_sight"]:
+        header = (f"{'rules':<12} {'series':>8} {'base new':>9} {'known':>7} {'first':>7}   "
+                  f"{'this new':>9} {'known':>7} {'first':>7}")
+        lines += ["", "First sight end to end (gpu-relay CPU us per input series; first = new round - known round):",
+                  header, "-" * len(header)]
+        for b, t in zip(base["first_sight"], this["first_sight"], strict=True):
+            fb, ft = FirstSight(**b), FirstSight(**t)
+            lines.append(f"{ft.rules:<12} {ft.series:>8,} {fb.new_us:>6.1f} us {fb.known_us:>4.1f} us "
+                         f"{fb.first_sight_us:>4.1f} us   {ft.new_us:>6.1f} us {ft.known_us:>4.1f} us "
+                         f"{ft.first_sight_us:>4.1f} us")
+    return "\n".join(lines) + "\n"
+
+
+def _best(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per row, the repeat with the lowest figure (in process: route new-known; end to end: first sight)."""
+    out: dict[str, Any] = {}
+    out["in_process"] = [min(rows, key=lambda r: r["route_new_us"])
+                         for rows in zip(*[r["in_process"] for r in runs], strict=True)]
+    out["first_sight"] = [min(rows, key=lambda r: FirstSight(**r).first_sight_us)
+                          for rows in zip(*[r["first_sight"] for r in runs], strict=True)]
+    return out
+
+
+def compare(base: Path, quick: bool, end_to_end: bool, repeat: int) -> str:
+    runs: dict[str, list[dict[str, Any]]] = {"base": [], "this": []}
+    for _ in range(repeat):
+        for label, tree in (("base", base.resolve()), ("this", HERE)):
+            runs[label].append(run_worker(tree, quick, end_to_end))
+    return compare_tables({k: _best(v) for k, v in runs.items()})
+
+
 def main(argv: list[str]) -> int:
     if {"-h", "--help"} & set(argv):
         print(__doc__)
         return 0
     quick = "--quick" in argv
+    if "--compare" in argv:
+        i = argv.index("--compare")
+        repeat = int(argv[argv.index("--repeat") + 1]) if "--repeat" in argv else 2
+        print(compare(Path(argv[i + 1]), quick, "--first-sight" not in argv, repeat), end="")
+        return 0
     rows = [in_process(name, rules, shape, 8 if quick else 40, 1 if quick else 3)
             for name, rules in RULE_SETS for shape in SHAPES]
     print(in_process_table(rows), flush=True)

@@ -25,6 +25,7 @@ windows (samples over ``MAX_FUTURE_S`` ahead open none).
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import sys
 import threading
@@ -38,7 +39,7 @@ from relay.config import Config
 from relay.decision_cache import DecisionCache
 from relay.label_codec import decode_key
 from relay.labels import METRIC_NAME, Labels
-from relay.limits import AmpLimits, CollisionDetector
+from relay.limits import AmpLimits, CollisionDetector, amp_violation_named
 from relay.metrics import RelayMetrics
 from relay.queue import DurableQueue, Piece
 from relay.rules import Rules, add_external_labels
@@ -56,6 +57,16 @@ _WIRE_ROUTE = wire.route  # the fast path stands in for it (a bench or test that
 _ID_MASK = (1 << 60) - 1  # input ids: 60 bits, a 32-byte int (64 bits take 36)
 
 __all__ = ["AGGREGATE_GRACE_MS", "IngestResult", "Piece", "Pipeline"]
+
+
+class _Scratch(dict[bytes, Labels]):
+    """Labels decided during the current request, by label bytes; any other label bytes' labels are
+    decoded on lookup (and not kept)."""
+
+    __slots__ = ()
+
+    def __missing__(self, lb: bytes) -> Labels:
+        return wire.decode_labels(lb)
 
 
 @dataclass(slots=True)
@@ -113,7 +124,10 @@ class Pipeline:
             stage.amp_limits = self.amp_limits
             stage.external = external
         self.cache = DecisionCache(cache_max_bytes)
-        self._scratch: dict[bytes, Labels] = {}  # labels decided during the current request
+        self._scratch = _Scratch()  # labels decided during the current request
+        # what the trackers and stages call for a series' labels: a C-level lookup, no Python frame
+        # when the labels were decided in this request (else __missing__ decodes them)
+        self._labels_of: Callable[[bytes], Labels] = self._scratch.__getitem__
         # (new stage, old stage) whose old aggregator's windows are still to be emitted (reload)
         self._orphans: list[tuple[DestinationStage, DestinationStage]] = []
         # requests (and flushes) between routing and their queue writes: a reload waits for them
@@ -121,6 +135,10 @@ class Pipeline:
         self._idle = threading.Condition(threading.Lock())
         if previous is not None:
             self._take_over(previous)
+        # every destination sends every sendable input as it is (no rules, external labels, prune or
+        # aggregation): decide()'s shortest path, one output id for all of them
+        self._as_is = (self.rules.global_identity and all(self.rules.destination_identity)
+                       and all(stage.aggregator is None and not stage.external for stage in self.stages))
 
     def _take_over(self, previous: Pipeline) -> None:
         """On reload, keep per-series state: collision owners per destination, and aggregation
@@ -163,6 +181,15 @@ class Pipeline:
         in_id = hash(labels) & _ID_MASK
         self._scratch[key] = labels
         out: list[wire.DestDecision | None] = [(key, in_id, metric_in)]
+        if self._as_is and canonical and metric_in:  # what stage.decide answers for the key's own labels
+            sid = label_codec.series_id(key)
+            size = len(key)
+            for stage in self.stages:
+                if amp_violation_named(labels, names, size, stage.amp_limits) is None:
+                    out.append((key, sid, metric_in))
+                else:
+                    out.append(stage.decide(key, labels, True, self._scratch, -1, names))
+            return tuple(out)
         rules = self.rules
         if rules.global_identity:  # decoded labels have no empty value: sendable iff a metric name
             base = (labels, names) if metric_in else None
@@ -198,8 +225,7 @@ class Pipeline:
 
     def _labels(self, lb: bytes) -> Labels:
         """Labels of input or output label bytes: decided in this request, else decoded."""
-        labels = self._scratch.get(lb)
-        return wire.decode_labels(lb) if labels is None else labels
+        return self._scratch[lb]
 
     # -- the per-series pass: every occurrence ---------------------------------------------------------
     def route(self, v1: bytes) -> tuple[IngestResult, list[list[Piece]]]:
@@ -209,7 +235,8 @@ class Pipeline:
             if hits is not None:
                 return hits
             cache = self.cache
-            routed = wire.route(v1, len(self.stages) + 1, cache.young, lambda key: cache.miss(key, self.decide))
+            miss = functools.partial(cache.miss, decide=self.decide)
+            routed = wire.route(v1, len(self.stages) + 1, cache.young, miss)
             cache.evict()
             result = IngestResult(
                 series=routed.series_in,
@@ -221,7 +248,7 @@ class Pipeline:
             if any(len(d) != len(inputs) for d in routed.per_dest):
                 # decide() never answers None for a destination, so every list has every series
                 raise ValueError("wire.route: per-destination entries do not line up with the inputs")
-            new_in = set(self.tracker_in.observe_inputs(inputs, self._labels))
+            new_in = set(self.tracker_in.observe_inputs(inputs, self._labels_of))
             in_active = self.tracker_in.has()
             md = metadata_entries(routed.metadata) if routed.metadata else []
             if md:
@@ -229,7 +256,7 @@ class Pipeline:
             family_entries = [(family, raw) for family, raw, _ in md]
             pieces_per_dest: list[list[Piece]] = []
             for i, stage in enumerate(self.stages):
-                pieces, kept, _ = stage.take(routed.per_dest[i + 1], inputs, new_in, in_active, self._labels)
+                pieces, kept, _ = stage.take(routed.per_dest[i + 1], inputs, new_in, in_active, self._labels_of)
                 metadata = stage.metadata(family_entries)
                 if metadata:
                     pieces.append((0, metadata, 0, 0))
@@ -257,7 +284,7 @@ class Pipeline:
             stages.append(args)
         assert _route_hits is not None
         try:
-            r = _route_hits(v1, self.cache.young, tracker_in._t, gen_in, tuple(stages), self._labels)
+            r = _route_hits(v1, self.cache.young, tracker_in._t, gen_in, tuple(stages), self._labels_of)
         except BaseException:
             self.cache.evict()  # as the usual path, whose lookups come before its errors
             raise

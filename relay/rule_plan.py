@@ -16,9 +16,10 @@ a result. Bounded: at most ``MAX_EFFECTS`` effects per rule list (then the memo 
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Callable, Sequence
 
-from relay.labels import Labels
+from relay.labels import METRIC_NAME, Labels
 from relay.relabel import RelabelConfig, _Builder, _relabel, process
 
 Names = tuple[str, ...]
@@ -82,10 +83,26 @@ def names_of(labels: Labels) -> Names:
     return tuple([p[0] for p in labels])
 
 
+_LITERAL = re.compile(r"[A-Za-z0-9_:]+")  # characters RE2 only ever matches as themselves
+
+
+def name_filter(rule: RelabelConfig) -> tuple[bool, frozenset[str]] | None:
+    """For a ``keep``/``drop`` on ``[__name__]`` alone whose regex is an alternation of literal metric
+    names: (keep, the names). Its anchored regex then matches exactly those strings, so the rule
+    drops a series iff ``(metric name in names) != keep`` (an absent name reads as "", which is not
+    among them). None for any other rule."""
+    if rule.action not in ("keep", "drop") or rule.source_labels != (METRIC_NAME,):
+        return None
+    alternatives = rule.regex.pattern.split("|")
+    if not all(_LITERAL.fullmatch(a) for a in alternatives):
+        return None
+    return rule.action == "keep", frozenset(alternatives)
+
+
 class RulePlan:
     """``process(labels, rules)`` for sorted label sets whose names are given, memoised."""
 
-    __slots__ = ("_count", "_plans", "memoised", "reads", "rules")
+    __slots__ = ("_count", "_filter", "_plans", "memoised", "reads", "rules")
 
     def __init__(self, rules: Sequence[RelabelConfig]) -> None:
         self.rules = tuple(rules)
@@ -98,6 +115,8 @@ class RulePlan:
         self.reads: Names = tuple(dict.fromkeys(reads))
         self._plans: dict[Names, _NamesPlan] = {}
         self._count = 0  # effects memoised over all plans
+        # the first rule, where it keeps or drops by literal metric names: answered by a set probe
+        self._filter = name_filter(self.rules[0]) if self.rules else None
 
     def memo_bytes(self) -> int:
         return self._count * EFFECT_BYTES + len(self._plans) * PLAN_BYTES
@@ -106,6 +125,14 @@ class RulePlan:
         """``process(labels, self.rules)`` and the result's names (``names`` are ``labels``'s)."""
         if not self.rules:
             return labels, names
+        f = self._filter
+        if f is not None and names.count(METRIC_NAME) <= 1:  # (one value to read, as the rule reads it)
+            try:
+                metric = labels[names.index(METRIC_NAME)][1]
+            except ValueError:
+                metric = ""
+            if (metric in f[1]) != f[0]:
+                return None  # the first rule drops it
         plan = self._plans.get(names) if self.memoised and len(names) <= MAX_NAMES else _NO_PLAN
         if plan is None:
             plan = self._plan(names)

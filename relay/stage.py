@@ -153,6 +153,14 @@ class DestinationStage:
             names = tuple([p[0] for p in labels])
         ext = self.external
         aggregator = self.aggregator
+        if splice == -1 and unchanged and aggregator is None:  # the key's own labels, sent as they are
+            violation = amp_violation_named(labels, names, len(key) + len(ext), self.amp_limits)
+            if violation is not None:
+                return _drop(violation)
+            try:
+                return (key, label_codec.series_id(key), sys.intern(labels[names.index(METRIC_NAME)][1]))
+            except ValueError:
+                return (key, label_codec.series_id(key), "")
         spliced = unchanged and splice is not None
         lb = b""
         if spliced:

@@ -25,6 +25,7 @@ from relay.labels import Labels
 from relay.limits import AmpLimits, amp_violation
 from relay.metrics import RelayMetrics
 from relay.pipeline import Pipeline
+from relay.protowire import WireError
 from relay.relabel import RelabelConfig, parse_relabel_config, process
 from relay.rule_plan import RulePlan
 from tests.first_sight_reference import ref_decide, unmemoised
@@ -262,7 +263,8 @@ def test_label_entry_memo_never_holds_more_than_its_bound() -> None:
         assert len(label_codec._PAIR) <= label_codec.MAX_ENTRIES
         assert len(label_codec._ENTRY) <= label_codec.MAX_ENTRIES
     assert label_codec.memo_bytes() <= label_codec.MAX_ENTRIES * label_codec.ENTRY_BYTES + \
-        label_codec.MAX_NAME_SETS * (label_codec.NAME_SET_BYTES + 128)
+        label_codec.MAX_NAME_SETS * (label_codec.NAME_SET_BYTES + 128) + \
+        label_codec.C_MEMO_SLOTS * (label_codec.C_MEMO_SLOT_BYTES + label_codec.C_MEMO_PAIR_BYTES)
 
 
 def test_rule_effect_memo_never_holds_more_than_its_bound() -> None:
@@ -351,3 +353,70 @@ def test_first_sight_bench_measures_both_paths_on_distinct_new_series_and_prints
     assert all(r.series == 8 * 21 and r.before_us > 0 and r.after_us > 0 for r in rows)
     table = bench.in_process_table(rows)
     assert "keep4" in table and "kps" in table and "B per series at 1M" in table
+
+
+def test_first_sight_bench_compare_keeps_each_rows_best_repeat_and_prints_both_trees() -> None:
+    from bench import relay_series_bench as bench
+
+    def run(after: float, route: float, new: float) -> dict[str, object]:
+        row = {"rules": "keep4", "shape": "dcgm", "series": 10, "before_us": 20.0, "after_us": after,
+               "route_new_us": route}
+        return {"in_process": [row], "first_sight": [{"rules": "keep4", "series": 63000, "new_us": new,
+                                                      "known_us": 1.0}]}
+
+    base = bench._best([run(9.0, 12.0, 12.0), run(8.0, 11.0, 13.0)])
+    this = bench._best([run(4.0, 6.0, 8.0), run(5.0, 5.5, 7.0)])
+    assert base["in_process"][0]["route_new_us"] == 11.0 and base["first_sight"][0]["new_us"] == 12.0
+    assert this["in_process"][0]["route_new_us"] == 5.5 and this["first_sight"][0]["new_us"] == 7.0
+    table = bench.compare_tables({"base": base, "this": this})
+    assert "2.00x" in table  # route new-known 11.0 / 5.5
+    assert "11.0 us" in table and "6.0 us" in table  # first sight: base 12 - 1, this 7 - 1
+
+
+def test_labels_of_answers_labels_decided_in_the_request_and_decodes_any_other_without_keeping_them() -> None:
+    p = _one_destination()
+    decided, other = _key(__name__="m1", pod="a"), _key(__name__="m2", pod="b")
+    p.decide(decided)
+    assert p._labels_of(decided) is p._scratch[decided]
+    assert p._labels_of(other) == wire.decode_labels(other) == (("__name__", "m2"), ("pod", "b"))
+    assert other not in p._scratch and p._labels(other) == p._labels_of(other)
+    with pytest.raises(WireError) as e:
+        p._labels_of(b"\x0a\x02\x0a\x00")  # an empty label name: the reference decoder's error
+    assert str(e.value) == str(_wire_error(wire.decode_labels, b"\x0a\x02\x0a\x00"))
+
+
+def _wire_error(fn: Any, arg: bytes) -> WireError:
+    try:
+        fn(arg)
+    except WireError as e:
+        return e
+    raise AssertionError("no WireError")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 3), amp_st,
+       st.lists(key_sets(), min_size=1, max_size=3).map(lambda ks: [k for s in ks for k in s]))
+def test_decide_for_destinations_that_send_every_series_as_it_is_equals_the_reference(
+        n_dest: int, amp: AmpLimits, keys: list[bytes]) -> None:
+    config = Config(destinations=tuple(DestinationConfig(name=f"d{i}", url="http://127.0.0.1:1/w")
+                                       for i in range(n_dest)))
+    p = pipeline(config, amp)
+    assert p._as_is  # decide()'s shortest path
+    for key in keys * 2:
+        want_scratch: dict[bytes, Labels] = {}
+        want = outcome(ref_decide, p, key, want_scratch)
+        p._scratch.clear()
+        assert outcome(p.decide, key) == want, key
+        if want[0] == "ok":
+            assert p._scratch == want_scratch
+
+
+def test_the_shortest_decide_path_is_off_where_anything_changes_a_series() -> None:
+    prune = Config(destinations=(DestinationConfig(name="d", url="http://127.0.0.1:1/w", prune_labels=("b",)),))
+    external = Config(external_labels=(("cluster", "c"),),
+                      destinations=(DestinationConfig(name="d", url="http://127.0.0.1:1/w"),))
+    aggregated = Config(destinations=(DestinationConfig(name="d", url="http://127.0.0.1:1/w",
+                                                        aggregate=(AggregateConfig(match="m", without=("b",)),)),))
+    for config in (prune, external, aggregated):
+        assert not pipeline(config, AmpLimits())._as_is
+    assert not _one_destination({"regex": "b", "action": "labeldrop"})._as_is

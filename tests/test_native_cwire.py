@@ -410,3 +410,38 @@ def test_route_bench_runs_and_prints_both_figures(capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out
     assert "warm cache, us per series" in out and "first sight, us per new series" in out
     assert wire.route_loop is cwire.route_loop  # the bench put the module's loop back
+
+
+def table_outcome(loop: Loop, bufs: list[bytes], n_dest: int) -> Any:
+    """``outcome`` with relay._cdcache's DecisionTable as the cache (the pipeline's young generation):
+    the C loop skips the reference's second lookup of a key that just missed there."""
+    table: Any = importlib.import_module("relay._cdcache").DecisionTable(0)
+    calls: list[bytes] = []
+    decide = make_decide(n_dest, calls)
+    results = []
+    for buf in bufs:
+        per_dest: list[list[Any]] = [[] for _ in range(n_dest)]
+        metadata: list[bytes] = []
+        try:
+            res: Any = ("ok", loop(buf, table, decide, per_dest, metadata))
+        except WireError as e:
+            res = ("WireError", e.status, e.message, str(e))
+        results.append((res, per_dest, metadata))
+    return results, calls, len(table), [table.get(k) for k in calls]
+
+
+@SETTINGS
+@given(st.lists(st.one_of(requests(), requests(plain=True), malformed()), min_size=1, max_size=3),
+       st.integers(1, 3))
+def test_a_decision_table_cache_gives_the_reference_results(bufs: list[bytes], n_dest: int) -> None:
+    bufs = bufs + bufs  # the second time every key is known
+    assert table_outcome(cwire.route_loop, bufs, n_dest) == table_outcome(wire._route_loop, bufs, n_dest)
+
+
+def test_new_series_of_the_guessed_shape_are_decided_once_each_with_a_decision_table() -> None:
+    keys = [label(b"__name__", b"m") + label(b"pod", f"p{i}".encode()) for i in range(50)]
+    buf = b"".join(lenfield(0x0A, k + lenfield(0x12, b"\x09" + bytes(8) + b"\x10" + encode_uvarint(1000)))
+                   for k in keys)
+    py, c = table_outcome(wire._route_loop, [buf], 2), table_outcome(cwire.route_loop, [buf], 2)
+    assert c == py
+    assert c[1] == keys and c[2] == 50 and c[0][0][0] == ("ok", (50, 50, 0, 0, 50))
