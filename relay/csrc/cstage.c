@@ -6,8 +6,8 @@
  *   addressing table uint64 id -> uint32 slot index (12 bytes an entry, linear probing, growth x1.5
  *   at 80% load, backward-shift deletion: no tombstones); a slot is shared by every series of one
  *   (metric, generation, labels generation), reference counted. Label statistics: per (metric, label
- *   name) one table 60-bit value hash -> generation (12 bytes an entry). The Python wrapper
- *   (CSeriesTracker) reads the clock and passes the generation in.
+ *   name) one table 48-bit value hash -> generation mod 2^16 (8 bytes an entry). Tables of 1 MiB and
+ *   more are mmap'd. The Python wrapper (CSeriesTracker) reads the clock and passes the generation in.
  * - take(): DestinationStage.take's loop over one request's series for one destination: drops,
  *   sent series (owner and limiter checks), sharding into queue pieces. The rare branches
  *   (aggregated members, limiter admission of a series not yet contained, collisions, owner
