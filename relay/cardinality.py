@@ -11,8 +11,11 @@ seen in slot ``g`` is active until slot ``g + slots`` ends, so it leaves between
 ``compress`` over the dict) and compacts the table when it shrank by half.
 
 Distinct label values are kept apart from series, per metric and label name, as ``hash(value) -> slot
-last supplied`` (values are only counted, so a 60-bit hash stands in for the string); a value leaves
-when no series supplied it for the window. :meth:`SeriesTracker.observe_batch` asks for a series'
+last supplied`` (values are only counted, so a 48-bit hash stands in for the string, and the slot is
+kept mod 2**16: see ``_VALUE_MASK``); a value leaves when no series supplied it for the window (at
+``expire()``; or, when expire has not run for 2**16 slots, at the next label statistics noted). Two
+values of one (metric, label) whose hashes agree in 48 bits count once: about n**2 / 2**49 for n
+values, 2e-5 at 100,000. :meth:`SeriesTracker.observe_batch` asks for a series'
 labels when it is new and again every half window, so label statistics stay exact for stable
 series too, without decoding labels on every occurrence.
 At most ``max_values`` values per (metric, label) are tracked; :meth:`capped_labels` names those
@@ -20,7 +23,7 @@ that hit the cap (their counts are then lower bounds).
 
 Native (issue 9): ``SeriesTracker(...)`` builds a :class:`CSeriesTracker` when ``relay._cstage`` is
 built and not turned off (``GPU_RELAY_NATIVE=0``): the same state in C tables (12 bytes a series in
-an open addressing table ``id -> shared slot``, 12 bytes a label value), the same results for every
+an open addressing table ``id -> shared slot``, 8 bytes a label value), the same results for every
 public method. :class:`PySeriesTracker` is always this module's dict reference. Series ids are
 64-bit (``0 <= id < 2**64``) in both.
 """
@@ -41,7 +44,14 @@ from relay.labels import METRIC_NAME, Labels
 if TYPE_CHECKING:
     from relay.cost import PriceTable
 
-_VALUE_MASK = (1 << 60) - 1  # label values are kept as 60-bit hashes (32-byte ints)
+_VALUE_MASK = (1 << 48) - 1  # label values are kept as 48-bit hashes
+# ... with the slot they were last supplied in mod 2**16 (the C table's entry: 8 bytes). A tracker's
+# ``_vbase`` is a slot at or below every value's, and every value's is below _vbase + _GEN_SPAN, so the
+# full slot is _vbase + ((g - _vbase) mod 2**16): _note_labels sweeps the values out of the window
+# first when a slot reaches _vbase + _GEN_SPAN (expire() not run for that long), moving _vbase up.
+_GEN_SPAN = 1 << 16
+_GEN_MASK = _GEN_SPAN - 1
+MAX_SLOTS = 1 << 15  # so that a sweep always brings _vbase within the span
 
 _NATIVE = native.load("cstage")
 
@@ -76,6 +86,8 @@ class SeriesTracker:
                  slots: int = 60, max_values: int = 100_000) -> None:
         if window_s <= 0 or slots <= 0:
             raise ValueError(f"window_s and slots must be positive, got {window_s}, {slots}")
+        if slots > MAX_SLOTS:
+            raise ValueError(f"slots must be at most {MAX_SLOTS}, got {slots}")
         self.window_s = window_s
         self._clock = clock
         self._slot_s = window_s / slots
@@ -86,8 +98,9 @@ class SeriesTracker:
         self._peak = 0
         self._slots: dict[tuple[str, int, int], _Slot] = {}
         self._per_metric: dict[str, int] = {}
-        # metric -> label name -> hash of a value -> slot last supplied
+        # metric -> label name -> hash of a value -> slot last supplied, mod 2**16
         self._values: dict[str, dict[str, dict[int, int]]] = {}
+        self._vbase = 0
 
     def _gen(self) -> int:
         return int((self._clock() - self._t0) // self._slot_s)
@@ -190,6 +203,8 @@ class SeriesTracker:
             self._per_metric.pop(metric, None)
 
     def _note_labels(self, metric: str, labels: Labels, gen: int) -> None:
+        if gen - self._vbase >= _GEN_SPAN:
+            self._expire_values(gen - self._wslots)
         per_name = self._values.get(metric)
         if per_name is None:
             per_name = self._values[metric] = {}
@@ -202,7 +217,7 @@ class SeriesTracker:
                 values = per_name[name] = {}
             key = hash(value) & _VALUE_MASK  # counted, never shown: a hash costs less than the string
             if key in values or len(values) < cap:
-                values[key] = gen
+                values[key] = gen & _GEN_MASK
 
     def wants_labels(self, series_id: int) -> bool:
         """True when the series is unknown or its labels were last supplied over half a window ago."""
@@ -269,17 +284,19 @@ class SeriesTracker:
         return n_dead
 
     def _expire_values(self, cutoff: int) -> None:
+        base = self._vbase
         for metric in list(self._values):
             per_name = self._values[metric]
             for name in list(per_name):
                 values = per_name[name]
-                stale = [v for v, g in values.items() if g < cutoff]
+                stale = [v for v, g in values.items() if base + ((g - base) & _GEN_MASK) < cutoff]
                 for v in stale:
                     del values[v]
                 if not values:
                     del per_name[name]
             if not per_name:
                 del self._values[metric]
+        self._vbase = max(base, cutoff)
 
 
 class PySeriesTracker(SeriesTracker):

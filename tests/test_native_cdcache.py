@@ -455,3 +455,24 @@ def test_rebuilt_decisions_of_atomic_objects_are_not_tracked_by_the_gc() -> None
     t[b"x"] = ((b"x", 1, "m"), (b"x", 2, "m"), odd := (b"g", -1, ["a list"]))
     got = t[b"x"]
     assert gc.is_tracked(got) and got[2] is odd  # holds what the table did not pack: left to the GC
+
+
+def test_a_table_past_a_mebibyte_grows_shrinks_and_clears_through_its_own_mappings() -> None:
+    """Index and entries of 1 MiB and more are mmap'd (entries grown by mremap): growth across the
+    boundary, every entry still found, removals shrinking back under it, clear while mapped."""
+    t = cd.DecisionTable(2)
+    n = 200_000
+    keys = [b"series-%d" % i for i in range(n)]
+    for i, k in enumerate(keys):
+        t[k] = ((k, i, "m"), (EXT, i | 1 << POS_SHIFT, "m"))
+    assert len(t) == n and t.nbytes() > 2 << 20
+    assert all(t[k] == ((k, i, "m"), (EXT, i | 1 << POS_SHIFT, "m")) for i, k in enumerate(keys))
+    for k in keys[100:]:
+        assert t.pop(k)[0][0] == k
+    assert len(t) == 100 and t.nbytes() < 1 << 20
+    assert all(t[k][0][1] == i for i, k in enumerate(keys[:100])) and keys[100] not in t
+    for i, k in enumerate(keys):
+        t[k] = ((k, i, "m"), None)
+    assert len(t) == n and t[keys[-1]] == ((keys[-1], n - 1, "m"), None)
+    t.clear()
+    assert len(t) == 0 and t.nbytes() == 0 and t.get(keys[0]) is None

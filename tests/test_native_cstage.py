@@ -96,6 +96,31 @@ def test_table_grows_past_its_load_limit_and_shrinks_after_removals() -> None:
     assert all(t.get(k) is None for k in keys[:19_900])
 
 
+def test_table_past_a_mebibyte_grows_shrinks_and_frees_through_its_own_mappings() -> None:
+    """Tables of 1 MiB and more are mmap'd: growth into one, removals in place, a shrink back to the
+    heap, and a table freed while mapped."""
+    assert _c is not None
+    rnd = random.Random(7)
+    keys = list({rnd.getrandbits(64) | 1 for _ in range(150_000)})
+    t = _c.Table()
+    for i, k in enumerate(keys):
+        t.put(k, i)
+    assert t.capacity() * 12 >= 1 << 20
+    t.check()
+    assert len(t) == len(keys) and all(t.get(k) == i for i, k in enumerate(keys))
+    assert t.remove_below(len(keys) // 10) == len(keys) // 10  # few dead: deleted in place
+    t.check()
+    assert all(t.get(k) == (i if i >= len(keys) // 10 else None) for i, k in enumerate(keys))
+    assert t.remove_below(len(keys) - 50) == len(keys) - 50 - len(keys) // 10  # mostly: copied
+    t.check()
+    assert len(t) == 50 and t.capacity() * 12 < 1 << 20
+    assert all(t.get(k) == i for i, k in enumerate(keys) if i >= len(keys) - 50)
+    big = _c.Table()
+    for k in keys:
+        big.put(k, 1)
+    del big  # freed while mapped
+
+
 def test_table_with_many_keys_sharing_a_home_bucket() -> None:
     """Long probe chains: deleting from the middle of a cluster must keep the rest reachable."""
     assert _c is not None
@@ -177,7 +202,23 @@ _tracker_op = st.one_of(
     st.tuples(st.just("many"), st.lists(st.tuples(_ids, st.sampled_from(METRICS)), max_size=12)),
     st.tuples(st.just("advance"), st.floats(0, 80)),
     st.tuples(st.just("expire")),
+    # 2**16 slots and about: label values keep their slot mod 2**16 (the base sweeps them forward)
+    st.tuples(st.just("leap"), st.sampled_from([65_535, 65_536, 65_570, 131_072])),
+    # label values whose hashes agree in the 48 bits kept (and key 0, negative hashes)
+    st.tuples(st.just("hashed"), _ids, st.sampled_from(METRICS),
+              st.sampled_from([0, 1 << 47, 1 << 48, 5, 5 + (1 << 47), 5 + (1 << 48), 5 + (1 << 59), -2,
+                               (1 << 48) - 2, (1 << 63) - 1])),
 )
+
+
+class _Hashed:
+    """A label value with a chosen hash."""
+
+    def __init__(self, h: int) -> None:
+        self.h = h
+
+    def __hash__(self) -> int:
+        return self.h
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -205,6 +246,13 @@ def test_tracker_matches_the_reference(ops: list[tuple[Any, ...]], max_values: i
                 t.observe_many(list(op[1]))
             elif op[0] == "expire":
                 log.append(t.expire())
+            elif op[0] == "hashed":
+                _, sid, metric, h = op
+                labels: Any = (("__name__", metric), ("uid", _Hashed(h)))
+                log.append(t.observe(sid, metric, labels))
+            elif op[0] == "leap":
+                if k == 0:
+                    clock.t += op[1] * 60.0 / slots
             elif k == 0:
                 clock.t += op[1]
         assert asked[0] == asked[1], op

@@ -27,6 +27,7 @@ part in cyclic GC. Not thread-safe: relay.decision_cache calls it under the pipe
 #include "fastpath.h"
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 
 /* ---- SipHash (Aumasson & Bernstein), 128-bit output ------------------------------------------ */
 
@@ -642,6 +643,57 @@ done:
     return out;
 }
 
+/* ---- big arrays: mmap'd directly ---------------------------------------------------------------- */
+
+/* The index and the entries, once BIG_BYTES or more, get their own mapping (grown by mremap): glibc's
+   dynamic mmap threshold rises after a large mapped block is freed (each rebuild frees one), so later
+   arrays would land in the main heap and leave holes there when freed in turn. (relay._cstage does
+   the same for its tables.) */
+#define BIG_BYTES ((size_t)1 << 20)
+
+static void *arr_map(size_t bytes) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* n * size zeroed bytes; NULL on overflow or when out of memory (no exception set) */
+static void *arr_calloc(size_t n, size_t size) {
+    if (size && n > SIZE_MAX / size)
+        return NULL;
+    return n * size < BIG_BYTES ? PyMem_RawCalloc(n ? n : 1, size ? size : 1) : arr_map(n * size);
+}
+
+/* frees an array of `bytes` bytes from arr_calloc or arr_realloc */
+static void arr_free(void *p, size_t bytes) {
+    if (p == NULL)
+        return;
+    if (bytes < BIG_BYTES)
+        PyMem_RawFree(p);
+    else
+        munmap(p, bytes);
+}
+
+/* p (old bytes, NULL: none) resized to new bytes, contents kept up to the smaller; NULL (p left as
+   it was) when out of memory */
+static void *arr_realloc(void *p, size_t old, size_t new) {
+    if (p == NULL)
+        return new < BIG_BYTES ? PyMem_RawMalloc(new) : arr_map(new);
+    if (old < BIG_BYTES && new < BIG_BYTES)
+        return PyMem_RawRealloc(p, new);
+    if (old >= BIG_BYTES && new >= BIG_BYTES) {
+        void *q = mremap(p, old, new, MREMAP_MAYMOVE);
+        return q == MAP_FAILED ? NULL : q;
+    }
+    void *q = new < BIG_BYTES ? PyMem_RawMalloc(new) : arr_map(new);
+    if (q == NULL)
+        return NULL;
+    memcpy(q, p, old < new ? old : new);
+    arr_free(p, old);
+    return q;
+}
+
+static inline size_t entries_bytes(const Table *t) { return t->cap * t->words * 8; }
+
 /* ---- the index -------------------------------------------------------------------------------- */
 
 /* Slot of the entry with hash h, or the empty slot where it would go (*found 0). */
@@ -663,12 +715,12 @@ static inline size_t find_slot(Table *t, const uint64_t h[2], int *found) {
 }
 
 static int rebuild_index(Table *t, size_t isize) {
-    uint32_t *index = PyMem_RawCalloc(isize, sizeof(uint32_t));
+    uint32_t *index = arr_calloc(isize, sizeof(uint32_t));
     if (index == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    PyMem_RawFree(t->index);
+    arr_free(t->index, t->isize * sizeof(uint32_t));
     t->index = index;
     t->isize = isize;
     size_t mask = isize - 1;
@@ -682,7 +734,11 @@ static int rebuild_index(Table *t, size_t isize) {
 }
 
 static int set_capacity(Table *t, size_t cap) {
-    uint64_t *entries = PyMem_RawRealloc(t->entries, (cap ? cap : 1) * t->words * 8);
+    if (cap == 0 || cap > SIZE_MAX / 8 / t->words) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    uint64_t *entries = arr_realloc(t->entries, t->entries ? entries_bytes(t) : 0, cap * t->words * 8);
     if (entries == NULL) {
         PyErr_NoMemory();
         return -1;
@@ -693,8 +749,8 @@ static int set_capacity(Table *t, size_t cap) {
 }
 
 static void free_arrays(Table *t) {
-    PyMem_RawFree(t->index);
-    PyMem_RawFree(t->entries);
+    arr_free(t->index, t->isize * sizeof(uint32_t));
+    arr_free(t->entries, entries_bytes(t));
     t->index = NULL;
     t->entries = NULL;
     t->isize = t->cap = t->n = 0;
@@ -800,11 +856,11 @@ static int Table_init(Table *t, PyObject *args, PyObject *kwds) {
 static void clear_all(Table *t) {
     /* detach first, then drop references (a finalizer then sees an empty table) */
     uint64_t *entries = t->entries;
-    size_t n = t->n, words = t->words;
+    size_t n = t->n, words = t->words, ebytes = entries_bytes(t);
     PyObject *shared[MAX_SHARED];
     int nshared = t->nshared;
     memcpy(shared, t->shared, sizeof(shared));
-    PyMem_RawFree(t->index);
+    arr_free(t->index, t->isize * sizeof(uint32_t));
     t->index = NULL;
     t->entries = NULL;
     t->isize = t->cap = t->n = 0;
@@ -814,7 +870,7 @@ static void clear_all(Table *t) {
     size_t ignored = 0;
     for (size_t i = 0; i < n; i++)
         release_words(t, entries + i * words, &ignored);
-    PyMem_RawFree(entries);
+    arr_free(entries, ebytes);
     for (int i = 0; i < nshared; i++)
         Py_DECREF(shared[i]);
 }

@@ -6,8 +6,8 @@
  *   addressing table uint64 id -> uint32 slot index (12 bytes an entry, linear probing, growth x1.5
  *   at 80% load, backward-shift deletion: no tombstones); a slot is shared by every series of one
  *   (metric, generation, labels generation), reference counted. Label statistics: per (metric, label
- *   name) one table 60-bit value hash -> generation (12 bytes an entry). The Python wrapper
- *   (CSeriesTracker) reads the clock and passes the generation in.
+ *   name) one table 48-bit value hash -> generation mod 2^16 (8 bytes an entry). Tables of 1 MiB and
+ *   more are mmap'd. The Python wrapper (CSeriesTracker) reads the clock and passes the generation in.
  * - take(): DestinationStage.take's loop over one request's series for one destination: drops,
  *   sent series (owner and limiter checks), sharding into queue pieces. The rare branches
  *   (aggregated members, limiter admission of a series not yet contained, collisions, owner
@@ -17,6 +17,35 @@
 #include "fastpath.h"
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
+
+/* ---- big arrays: mmap'd directly ---------------------------------------------------------------- */
+
+/* Tables of BIG_BYTES and more get their own mapping: glibc's dynamic mmap threshold rises after a
+ * large mapped block is freed (each table rebuild frees one), so later tables would land in the main
+ * heap and leave holes there when they are freed in turn. A mapping goes back whole. */
+#define BIG_BYTES ((size_t)1 << 20)
+
+/* n * size zeroed bytes, NULL on overflow or when out of memory (no exception set) */
+static void *arr_calloc(size_t n, size_t size) {
+    if (size && n > SIZE_MAX / size)
+        return NULL;
+    size_t bytes = n * size;
+    if (bytes < BIG_BYTES)
+        return PyMem_RawCalloc(n ? n : 1, size ? size : 1);
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* frees what arr_calloc(n, size) gave, given the same n * size */
+static void arr_free(void *p, size_t bytes) {
+    if (p == NULL)
+        return;
+    if (bytes < BIG_BYTES)
+        PyMem_RawFree(p);
+    else
+        munmap(p, bytes);
+}
 
 /* ---- the table: uint64 key -> uint32 value ----------------------------------------------------- */
 
@@ -64,7 +93,7 @@ static inline size_t t12_home(const T12 *t, uint64_t k) { return t12_pos(k, t->c
 static inline size_t t12_size(const T12 *t) { return t->n + (size_t)t->has_zero; }
 
 static void t12_free(T12 *t) {
-    PyMem_RawFree(t->e);
+    arr_free(t->e, t->cap * sizeof(E12));
     t->e = NULL;
     t->cap = t->n = 0;
     t->has_zero = 0;
@@ -100,7 +129,7 @@ static inline void t12_place(E12 *e, size_t cap, uint64_t k, uint32_t v) {
 static int t12_rebuild(T12 *t, size_t cap) {
     if (cap < T12_MIN_CAP)
         cap = T12_MIN_CAP;
-    E12 *e = PyMem_RawCalloc(cap, sizeof(E12));
+    E12 *e = arr_calloc(cap, sizeof(E12));
     if (e == NULL) {
         PyErr_NoMemory();
         return -1;
@@ -108,7 +137,7 @@ static int t12_rebuild(T12 *t, size_t cap) {
     for (size_t i = 0; i < t->cap; i++)
         if (ekey(&t->e[i]) != 0)
             t12_place(e, cap, ekey(&t->e[i]), t->e[i].v);
-    PyMem_RawFree(t->e);
+    arr_free(t->e, t->cap * sizeof(E12));
     t->e = e;
     t->cap = cap;
     return 0;
@@ -205,7 +234,7 @@ static Py_ssize_t t12_remove_if(T12 *t, t12_pred dead, t12_each gone, void *ctx)
     if (n_dead * 2 > t->n) {
         size_t left = t->n - n_dead;
         size_t cap = left * 2 < T12_MIN_CAP ? T12_MIN_CAP : left * 2;
-        E12 *e = PyMem_RawCalloc(cap, sizeof(E12));
+        E12 *e = arr_calloc(cap, sizeof(E12));
         if (e == NULL) {
             PyErr_NoMemory();
             return -1;
@@ -220,7 +249,7 @@ static Py_ssize_t t12_remove_if(T12 *t, t12_pred dead, t12_each gone, void *ctx)
                 t12_place(e, cap, ekey(&t->e[i]), t->e[i].v);
             }
         }
-        PyMem_RawFree(t->e);
+        arr_free(t->e, t->cap * sizeof(E12));
         t->e = e;
         t->cap = cap;
         t->n = left;
@@ -242,6 +271,163 @@ static Py_ssize_t t12_remove_if(T12 *t, t12_pred dead, t12_each gone, void *ctx)
         t12_del(t, keys[i]);
     PyMem_RawFree(keys);
     if (t12_maybe_shrink(t) < 0)
+        return -1;
+    return total;
+}
+
+/* ---- the value table: 48-bit key -> 16-bit generation, 8 bytes an entry ------------------------- */
+
+/* An entry is key << 16 | generation mod 2^16 (the tracker rebuilds the full generation from its
+ * base, below); key 0 is kept aside, as in T12 (0 marks an empty bucket). Same positions, probing,
+ * growth, deletion and shrinking as T12. */
+#define VKEY_MASK ((UINT64_C(1) << 48) - 1)
+
+typedef struct {
+    uint64_t *e;
+    size_t cap, n;
+    int has_zero;
+    uint16_t zero_g;
+} T8;
+
+static inline uint64_t vkey(uint64_t e) { return e >> 16; }
+static inline uint16_t vgen16(uint64_t e) { return (uint16_t)e; }
+static inline size_t t8_size(const T8 *t) { return t->n + (size_t)t->has_zero; }
+
+static void t8_free(T8 *t) {
+    arr_free(t->e, t->cap * sizeof(uint64_t));
+    t->e = NULL;
+    t->cap = t->n = 0;
+    t->has_zero = 0;
+}
+
+/* the bucket holding key k (0 < k <= VKEY_MASK), or NULL */
+static inline uint64_t *t8_find(T8 *t, uint64_t k) {
+    if (t->cap == 0)
+        return NULL;
+    size_t i = t12_pos(k, t->cap);
+    for (;;) {
+        uint64_t e = t->e[i];
+        if (vkey(e) == k)
+            return &t->e[i];
+        if (e == 0)
+            return NULL;
+        if (++i == t->cap)
+            i = 0;
+    }
+}
+
+static inline void t8_place(uint64_t *e, size_t cap, uint64_t entry) {
+    size_t i = t12_pos(vkey(entry), cap);
+    while (e[i] != 0)
+        if (++i == cap)
+            i = 0;
+    e[i] = entry;
+}
+
+static int t8_rebuild(T8 *t, size_t cap) {
+    if (cap < T12_MIN_CAP)
+        cap = T12_MIN_CAP;
+    uint64_t *e = arr_calloc(cap, sizeof(uint64_t));
+    if (e == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < t->cap; i++)
+        if (t->e[i] != 0)
+            t8_place(e, cap, t->e[i]);
+    arr_free(t->e, t->cap * sizeof(uint64_t));
+    t->e = e;
+    t->cap = cap;
+    return 0;
+}
+
+/* key k (<= VKEY_MASK), known absent, with generation g; -1 (MemoryError set) when it cannot grow */
+static int t8_add(T8 *t, uint64_t k, uint16_t g) {
+    if (k == 0) {
+        t->has_zero = 1;
+        t->zero_g = g;
+        return 0;
+    }
+    if ((t->n + 1) * 5 > t->cap * 4) {
+        size_t cap = t->cap < T12_MIN_CAP ? T12_MIN_CAP : t->cap + t->cap / 2;
+        if (t8_rebuild(t, cap) < 0)
+            return -1;
+    }
+    t8_place(t->e, t->cap, k << 16 | g);
+    t->n++;
+    return 0;
+}
+
+static void t8_del_at(T8 *t, size_t i) {
+    size_t j = i;
+    for (;;) {
+        if (++j == t->cap)
+            j = 0;
+        if (t->e[j] == 0)
+            break;
+        size_t h = t12_pos(vkey(t->e[j]), t->cap);
+        int stays = (i <= j) ? (i < h && h <= j) : (i < h || h <= j);
+        if (!stays) {
+            t->e[i] = t->e[j];
+            i = j;
+        }
+    }
+    t->e[i] = 0;
+    t->n--;
+}
+
+static void t8_del(T8 *t, uint64_t k) {
+    uint64_t *p = t8_find(t, k);
+    if (p != NULL)
+        t8_del_at(t, (size_t)(p - t->e));
+}
+
+/* Remove every entry whose generation satisfies dead(g, ctx); how many, -1 on MemoryError. Mostly
+ * dead: the survivors are copied into a right-sized table (as t12_remove_if). */
+typedef int (*t8_pred)(uint16_t g, void *ctx);
+
+static Py_ssize_t t8_remove_if(T8 *t, t8_pred dead, void *ctx) {
+    size_t n_dead = 0;
+    for (size_t i = 0; i < t->cap; i++)
+        if (t->e[i] != 0 && dead(vgen16(t->e[i]), ctx))
+            n_dead++;
+    Py_ssize_t total = (Py_ssize_t)n_dead;
+    if (t->has_zero && dead(t->zero_g, ctx)) {
+        t->has_zero = 0;
+        total++;
+    }
+    if (n_dead == 0)
+        return total;
+    if (n_dead * 2 > t->n) {
+        size_t left = t->n - n_dead;
+        size_t cap = left * 2 < T12_MIN_CAP ? T12_MIN_CAP : left * 2;
+        uint64_t *e = arr_calloc(cap, sizeof(uint64_t));
+        if (e == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (size_t i = 0; i < t->cap; i++)
+            if (t->e[i] != 0 && !dead(vgen16(t->e[i]), ctx))
+                t8_place(e, cap, t->e[i]);
+        arr_free(t->e, t->cap * sizeof(uint64_t));
+        t->e = e;
+        t->cap = cap;
+        t->n = left;
+        return total;
+    }
+    uint64_t *keys = PyMem_RawMalloc(n_dead * sizeof(uint64_t));
+    if (keys == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < t->cap; i++)
+        if (t->e[i] != 0 && dead(vgen16(t->e[i]), ctx))
+            keys[m++] = vkey(t->e[i]);
+    for (size_t i = 0; i < m; i++)
+        t8_del(t, keys[i]);
+    PyMem_RawFree(keys);
+    if (t->cap > T12_MIN_CAP && t->n * 4 < t->cap && t8_rebuild(t, t->n * 2) < 0)
         return -1;
     return total;
 }
@@ -431,7 +617,13 @@ static PyTypeObject TableType = {
 /* ---- the tracker -------------------------------------------------------------------------------- */
 
 #define NONE32 UINT32_MAX
-#define VALUE_MASK ((UINT64_C(1) << 60) - 1)
+/* Label values' generations are kept mod 2^16 (T8); the tracker's vbase is a generation at or
+ * below every value's, and every value's is below vbase + 2^16, so the full generation is
+ * vbase + ((g16 - vbase) mod 2^16). note_labels sweeps the values out of the window first whenever a
+ * generation reaches vbase + 2^16 (expire() not run for that long), which moves vbase up to the
+ * cutoff: at most MAX_WSLOTS below the generation. relay.cardinality does the same arithmetic. */
+#define GEN_SPAN 65536
+#define MAX_WSLOTS 32768
 
 typedef struct {
     int64_t gen;   /* slot the series was last seen in */
@@ -444,7 +636,7 @@ typedef struct {
     uint32_t metric;
     uint8_t exists;
     PyObject *name; /* owned; NULL when free */
-    T12 values;     /* 60-bit hash of a value -> generation last supplied (int32, clamped) */
+    T8 values;      /* 48-bit hash of a value -> generation last supplied (mod 2^16) */
 } Pair;
 
 typedef struct {
@@ -457,6 +649,7 @@ typedef struct {
     PyObject_HEAD
     T12 series;
     int64_t wslots;
+    int64_t vbase; /* label values' generations are in [vbase, vbase + GEN_SPAN) */
     Py_ssize_t max_values;
     Slot *slots;
     uint32_t nslots, cap_slots, free_slot;
@@ -667,17 +860,15 @@ static uint32_t pair_index(TrackerObject *t, uint32_t m, PyObject *name) {
     p->name = name;
     p->metric = m;
     p->exists = 1;
-    memset(&p->values, 0, sizeof(T12));
+    memset(&p->values, 0, sizeof(T8));
     return x;
 }
 
-static inline uint32_t clamp_gen(int64_t gen) {
-    if (gen > INT32_MAX)
-        gen = INT32_MAX;
-    if (gen < INT32_MIN)
-        gen = INT32_MIN;
-    return (uint32_t)(int32_t)gen;
+static inline int64_t value_gen(const TrackerObject *t, uint16_t g) {
+    return t->vbase + (int64_t)(uint16_t)(g - (uint16_t)t->vbase);
 }
+
+static int values_sweep(TrackerObject *t, int64_t cutoff);
 
 static int unpack_pair(PyObject *item, PyObject **name, PyObject **value) {
     if (PyTuple_CheckExact(item) && PyTuple_GET_SIZE(item) == 2) {
@@ -705,11 +896,13 @@ static int unpack_pair(PyObject *item, PyObject **name, PyObject **value) {
 
 /* SeriesTracker._note_labels; steals nothing */
 static int note_labels(TrackerObject *t, uint32_t m, PyObject *labels, int64_t gen) {
+    if (gen - t->vbase >= GEN_SPAN && values_sweep(t, gen - t->wslots) < 0)
+        return -1;
     PyObject *seq = PySequence_Fast(labels, "labels must be iterable");
     if (seq == NULL)
         return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    uint32_t g = clamp_gen(gen);
+    uint16_t g = (uint16_t)gen;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *name, *value;
         if (unpack_pair(PySequence_Fast_GET_ITEM(seq, i), &name, &value) < 0)
@@ -725,12 +918,16 @@ static int note_labels(TrackerObject *t, uint32_t m, PyObject *labels, int64_t g
         Py_hash_t h = PyObject_Hash(value);
         if (h == -1 && PyErr_Occurred())
             goto fail;
-        uint64_t key = (uint64_t)h & VALUE_MASK;
-        T12 *vals = &t->pairs[p].values;
-        uint32_t *slot = t12_find(vals, key);
+        uint64_t key = (uint64_t)h & VKEY_MASK;
+        T8 *vals = &t->pairs[p].values;
+        if (key == 0 && vals->has_zero) {
+            vals->zero_g = g;
+            continue;
+        }
+        uint64_t *slot = key ? t8_find(vals, key) : NULL;
         if (slot != NULL)
-            *slot = g;
-        else if ((Py_ssize_t)t12_size(vals) < t->max_values && t12_put(vals, key, g) < 0)
+            *slot = key << 16 | g;
+        else if ((Py_ssize_t)t8_size(vals) < t->max_values && t8_add(vals, key, g) < 0)
             goto fail;
     }
     Py_DECREF(seq);
@@ -751,7 +948,7 @@ static void Tracker_dealloc(TrackerObject *t) {
     PyMem_RawFree(t->metrics);
     for (uint32_t i = 0; i < t->npairs; i++) {
         Py_XDECREF(t->pairs[i].name);
-        t12_free(&t->pairs[i].values);
+        t8_free(&t->pairs[i].values);
     }
     PyMem_RawFree(t->pairs);
     Py_XDECREF(t->metric_ids);
@@ -767,8 +964,8 @@ static PyObject *Tracker_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     Py_ssize_t max_values;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "Ln:Tracker", kwlist, &wslots, &max_values))
         return NULL;
-    if (wslots <= 0) {
-        PyErr_SetString(PyExc_ValueError, "wslots must be positive");
+    if (wslots <= 0 || wslots > MAX_WSLOTS) {
+        PyErr_Format(PyExc_ValueError, "wslots must be 1 to %d", MAX_WSLOTS);
         return NULL;
     }
     TrackerObject *t = (TrackerObject *)type->tp_alloc(type, 0);
@@ -1147,7 +1344,7 @@ static PyObject *Tracker_pairs(TrackerObject *t, PyObject *unused) {
         if (p->name == NULL || !p->exists)
             continue;
         PyObject *item = Py_BuildValue("(OOn)", t->metrics[p->metric].obj, p->name,
-                                       (Py_ssize_t)t12_size(&p->values));
+                                       (Py_ssize_t)t8_size(&p->values));
         if (item == NULL || PyList_Append(out, item) < 0) {
             Py_XDECREF(item);
             Py_DECREF(out);
@@ -1198,7 +1395,7 @@ static PyObject *Tracker_label_union(TrackerObject *t, PyObject *unused) {
         size_t total = 0;
         Py_ssize_t k = PyList_GET_SIZE(lst);
         for (Py_ssize_t j = 0; j < k; j++)
-            total += t12_size(&t->pairs[PyLong_AsUnsignedLong(PyList_GET_ITEM(lst, j))].values);
+            total += t8_size(&t->pairs[PyLong_AsUnsignedLong(PyList_GET_ITEM(lst, j))].values);
         size_t distinct = total;
         if (k > 1 && total > 0) {
             buf = PyMem_RawMalloc(total * sizeof(uint64_t));
@@ -1208,10 +1405,10 @@ static PyObject *Tracker_label_union(TrackerObject *t, PyObject *unused) {
             }
             size_t m = 0;
             for (Py_ssize_t j = 0; j < k; j++) {
-                T12 *v = &t->pairs[PyLong_AsUnsignedLong(PyList_GET_ITEM(lst, j))].values;
+                T8 *v = &t->pairs[PyLong_AsUnsignedLong(PyList_GET_ITEM(lst, j))].values;
                 for (size_t b = 0; b < v->cap; b++)
-                    if (ekey(&v->e[b]) != 0)
-                        buf[m++] = ekey(&v->e[b]);
+                    if (v->e[b] != 0)
+                        buf[m++] = vkey(v->e[b]);
                 if (v->has_zero)
                     buf[m++] = 0;
             }
@@ -1245,7 +1442,10 @@ typedef struct {
     int64_t cutoff;
 } ExpireCtx;
 
-static int value_dead(uint32_t v, void *ctx) { return (int64_t)(int32_t)v < ((ExpireCtx *)ctx)->cutoff; }
+static int value_dead(uint16_t g, void *ctx) {
+    ExpireCtx *c = ctx;
+    return value_gen(c->t, g) < c->cutoff;
+}
 
 static int series_dead(uint32_t v, void *ctx) {
     ExpireCtx *c = ctx;
@@ -1266,7 +1466,7 @@ static int free_pair(TrackerObject *t, uint32_t i) {
     if (d != NULL && PyDict_DelItem(d, p->name) < 0)
         return -1;
     Py_CLEAR(p->name);
-    t12_free(&p->values);
+    t8_free(&p->values);
     p->exists = 0;
     PyObject *ix = PyLong_FromUnsignedLong(i);
     if (ix == NULL)
@@ -1276,6 +1476,24 @@ static int free_pair(TrackerObject *t, uint32_t i) {
     return rc;
 }
 
+/* label values last supplied before cutoff leave, then pairs left without any (SeriesTracker.
+ * _expire_values); vbase moves up to the cutoff */
+static int values_sweep(TrackerObject *t, int64_t cutoff) {
+    ExpireCtx ctx = {t, cutoff};
+    for (uint32_t i = 0; i < t->npairs; i++) {
+        Pair *p = &t->pairs[i];
+        if (p->name == NULL)
+            continue;
+        if (t8_remove_if(&p->values, value_dead, &ctx) < 0)
+            return -1;
+        if (t8_size(&p->values) == 0 && free_pair(t, i) < 0)
+            return -1;
+    }
+    if (cutoff > t->vbase)
+        t->vbase = cutoff;
+    return 0;
+}
+
 /* SeriesTracker.expire with the cutoff generation; how many series left */
 static PyObject *Tracker_expire(TrackerObject *t, PyObject *arg) {
     long long cutoff = PyLong_AsLongLong(arg);
@@ -1283,15 +1501,8 @@ static PyObject *Tracker_expire(TrackerObject *t, PyObject *arg) {
         return NULL;
     ExpireCtx ctx = {t, cutoff};
     /* label values first (as the reference), then pairs left without any */
-    for (uint32_t i = 0; i < t->npairs; i++) {
-        Pair *p = &t->pairs[i];
-        if (p->name == NULL)
-            continue;
-        if (t12_remove_if(&p->values, value_dead, NULL, &ctx) < 0)
-            return NULL;
-        if (t12_size(&p->values) == 0 && free_pair(t, i) < 0)
-            return NULL;
-    }
+    if (values_sweep(t, cutoff) < 0)
+        return NULL;
     Py_ssize_t n_dead = t12_remove_if(&t->series, series_dead, series_gone, &ctx);
     if (n_dead < 0)
         return NULL;
@@ -1332,7 +1543,7 @@ static PyObject *Tracker_memory(TrackerObject *t, PyObject *unused) {
                + (size_t)t->sidx_cap * sizeof(uint32_t) + (size_t)t->cap_metrics * sizeof(Metric)
                + (size_t)t->cap_pairs * sizeof(Pair);
     for (uint32_t i = 0; i < t->npairs; i++)
-        b += t->pairs[i].values.cap * sizeof(E12);
+        b += t->pairs[i].values.cap * sizeof(uint64_t);
     return PyLong_FromSize_t(b);
 }
 
