@@ -6,11 +6,11 @@ per request, 4 concurrent senders), apply the same rules and forward to the same
 fresh, real victoria-metrics per run (bench/receivers.py). The figure is input samples divided by the
 CPU time (user+system of every thread, /proc/PID/stat) the program spent from its first request until
 the receiver had every sample; peak RSS is the program's VmHWM. Each program runs ``--repeat`` times
-(a fresh process each time); the table shows the run with the median CPU time. Scenarios: "keep4"
-(keep 4 DCGM names + labeldrop of 2 labels) and "passthrough". After each run the receiver is read
-back (/internal/force_flush, then /api/v1/export): exactly the expected samples per metric name, the
-dropped labels gone, and nothing more arrived during a settle time, so a rule that silently did
-nothing, a lost or a duplicated request cannot look fast.
+(a fresh process each time, the two programs alternating); the table shows the run with the median
+CPU time. Scenarios: "keep4" (keep 4 DCGM names + labeldrop of 2 labels) and "passthrough". After each
+run the receiver is read back (/internal/force_flush, then /api/v1/export): exactly the expected
+samples per metric name, the dropped labels gone, and nothing more arrived during a settle time, so a
+rule that silently did nothing, a lost or a duplicated request cannot look fast.
 
 Then, gpu-relay only: the same job sent as Remote-Write 2.0 (CPU per sample vs its RW 1.0 figure;
 vmagent 1.79 is probed with one RW 2.0 request and the outcome printed), the first sight of a series
@@ -94,14 +94,22 @@ def check(r: Result, pl: Payload, keep: list[str] | None, what: str) -> None:
 
 def runs(run: Callable[[Path], Result], repeat: int, work: Path, pl: Payload, keep: list[str] | None,
          what: str) -> Result:
-    out = []
+    return interleaved({what: run}, repeat, work, pl, keep)[what]
+
+
+def interleaved(programs: dict[str, Callable[[Path], Result]], repeat: int, work: Path, pl: Payload,
+                keep: list[str] | None) -> dict[str, Result]:
+    """``repeat`` runs of every program, alternating (a, b, a, b, ...), so that a change of load on the
+    shared machine meets both alike; each checked for exact delivery; the median run of each."""
+    out: dict[str, list[Result]] = {what: [] for what in programs}
     for i in range(repeat):
-        r = run(work / f"{i}")
-        check(r, pl, keep, what)
-        out.append(r)
-        print(f"  {what} run {i + 1}: {r.cpu:.2f} CPU s, peak RSS {r.rss_mb:.0f} MiB, delivered {r.delivered:,} "
-              "(exact)", flush=True)
-    return median_run(out)
+        for j, (what, run) in enumerate(programs.items()):
+            r = run(work / f"{j}-{i}")
+            check(r, pl, keep, what)
+            out[what].append(r)
+            print(f"  {what} run {i + 1}: {r.cpu:.2f} CPU s, peak RSS {r.rss_mb:.0f} MiB, delivered {r.delivered:,} "
+                  "(exact)", flush=True)
+    return {what: median_run(rs) for what, rs in out.items()}
 
 
 def _relay(rules: str, pl: Payload, expected: int) -> Callable[[Path], Result]:
@@ -192,12 +200,11 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(td)
         for scenario, (rules, relabel, keep) in SCENARIOS.items():
             expected = pl.kept(keep) if keep else pl.samples
-            results[scenario, "gpu-relay"] = runs(
-                _relay(rules, pl, expected),
-                args.repeat, work / f"relay-{scenario}", pl, keep, f"{scenario} gpu-relay")
-            results[scenario, "vmagent"] = runs(
-                _vmagent(relabel, pl, expected),
-                args.repeat, work / f"vmagent-{scenario}", pl, keep, f"{scenario} vmagent")
+            both = interleaved({f"{scenario} gpu-relay": _relay(rules, pl, expected),
+                                f"{scenario} vmagent": _vmagent(relabel, pl, expected)},
+                               args.repeat, work / scenario, pl, keep)
+            results[scenario, "gpu-relay"] = both[f"{scenario} gpu-relay"]
+            results[scenario, "vmagent"] = both[f"{scenario} vmagent"]
         pl2 = None
         if not args.no_rw2:
             pl2 = payload(args.nodes, args.rounds, version=2, **shape)
@@ -224,7 +231,8 @@ def main(argv: list[str] | None = None) -> None:
         print(row("", "vmagent", v, pl.samples, expected))
         print(f"{'':<12} {'ratio':<10} gpu-relay CPU per sample = {_cpu(g) / _cpu(v):.2f}x vmagent's "
               f"({_cpu(v) / _cpu(g):.2f}x its samples per CPU-second); peak RSS {g.rss_mb / max(v.rss_mb, 0.1):.2f}x")
-    print(f"samples/CPU-s counts input samples; median of {args.repeat} run(s) by CPU time; wall includes the "
+    print(f"samples/CPU-s counts input samples; median of {args.repeat} run(s) by CPU time, the programs alternating; "
+          "wall includes the "
           f"{FLUSH_S:g} s flush deadline.\ngpu-relay acknowledges after an fsynced disk commit; vmagent 1.79 after an "
           "in-memory enqueue. delivered: read back from victoria-metrics, exact = every expected sample, no more.")
     if pl2 is not None:
