@@ -1,0 +1,172 @@
+"""Hostile-review reproductions for what landed on main after 3c4de33: request and response heads
+(relay.http_head, the server's parse_request), the queue's wake-ups and group inserts, the literal
+name filter and the native tables. Each test pins an edge the code's own tests did not cover."""
+
+from __future__ import annotations
+
+import http.client
+import io
+import socket
+import threading
+import time
+
+import pytest
+
+from relay.http_head import MAX_HEADERS, Response
+from tests.test_relay_http import WRITE_HEAD, Recorder, Serve, connect, read_until_closed, serve, status_of
+
+__all__ = ["serve"]  # the fixture, imported for its use here
+
+
+class _Sock:
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(io.BytesIO(self.raw))  # type: ignore[arg-type]
+
+
+def _begin(cls: type[http.client.HTTPResponse], raw: bytes) -> str:
+    r = cls(_Sock(raw), method="POST")  # type: ignore[arg-type]
+    try:
+        r.begin()
+    except http.client.HTTPException as e:
+        return type(e).__name__
+    return f"{r.status}"
+
+
+# ---- response heads: the limits hold for lines the lenient reader drops or folds ----------------
+
+@pytest.mark.parametrize("line", [b"not a header line\r\n", b"  folded onto the previous value\r\n",
+                                  b"Bad Name: v\r\n"])
+def test_a_response_head_of_endless_dropped_or_folded_lines_is_refused_like_http_clients(line: bytes) -> None:
+    # a receiver (or anything between) that streams such lines must not hold the sender forever nor
+    # grow a value without bound: http.client counts every line against its 100, so must we
+    raw = b"HTTP/1.1 200 OK\r\nX-A: 1\r\n" + line * (MAX_HEADERS + 5) + b"Content-Length: 0\r\n\r\n"
+    assert _begin(http.client.HTTPResponse, raw) == "HTTPException"
+    assert _begin(Response, raw) == "HTTPException"
+
+
+def test_an_interim_100_heads_lines_count_against_the_limit_too() -> None:
+    raw = b"HTTP/1.1 100 Continue\r\n" + b"junk\r\n" * (MAX_HEADERS + 5) + b"\r\nHTTP/1.1 204 No Content\r\n\r\n"
+    assert _begin(http.client.HTTPResponse, raw) == "HTTPException"
+    assert _begin(Response, raw) == "HTTPException"
+
+
+def test_a_connect_tunnel_refused_with_407_is_an_oserror_with_the_transports_response_class() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        seen: list[bytes] = []
+
+        def proxy() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(4096)
+                seen.append(data)
+                conn.sendall(b"HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic\r\n"
+                             b"Content-Length: 5\r\n\r\nnope!")
+                time.sleep(0.2)
+
+        t = threading.Thread(target=proxy)
+        t.start()
+        conn = http.client.HTTPConnection("127.0.0.1", listener.getsockname()[1], timeout=5)
+        conn.response_class = Response
+        conn.set_tunnel("example.invalid", 443, headers={"Proxy-Authorization": "Basic eA=="})
+        with pytest.raises(OSError, match="Tunnel connection failed: 407"):
+            conn.connect()
+        t.join()
+        conn.close()
+    assert seen[0].startswith(b"CONNECT example.invalid:443 HTTP/1.")
+    assert b"Proxy-Authorization: Basic eA==\r\n" in seen[0]
+
+
+# ---- request heads through the real server ------------------------------------------------------
+
+def _replies(sock: socket.socket, count: int, timeout: float = 3.0) -> list[bytes]:
+    """``count`` replies read off a kept-alive connection (each has a Content-Length)."""
+    sock.settimeout(timeout)
+    buf = b""
+    out: list[bytes] = []
+    while len(out) < count:
+        while b"\r\n\r\n" not in buf:
+            chunk = sock.recv(65536)
+            assert chunk, (out, buf)
+            buf += chunk
+        head, rest = buf.split(b"\r\n\r\n", 1)
+        length = int(head.split(b"Content-Length: ", 1)[1].split(b"\r\n", 1)[0])
+        while len(rest) < length:
+            rest += sock.recv(65536)
+        out.append(head + b"\r\n\r\n" + rest[:length])
+        buf = rest[length:]
+    return out
+
+
+def test_pipelined_writes_with_their_bodies_in_one_segment_are_each_served_in_order(serve: Serve) -> None:
+    ep = Recorder()
+    with connect(serve(ep)) as sock:
+        sock.sendall(WRITE_HEAD + b"Content-Length: 3\r\n\r\none"
+                     + WRITE_HEAD + b"Content-Length: 3\r\n\r\ntwo"
+                     + b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n"
+                     + WRITE_HEAD + b"Content-Length: 5\r\n\r\nthree")
+        replies = _replies(sock, 4)
+    assert [status_of(r) for r in replies] == [204, 204, 200, 204]
+    assert [b for _, b in ep.writes] == [b"one", b"two", b"three"]
+
+
+def test_a_head_split_across_segments_at_every_byte_is_read_whole(serve: Serve) -> None:
+    ep = Recorder()
+    raw = WRITE_HEAD + b"X-Split: a\xe9b\r\nContent-Length: 2\r\n\r\nok"
+    with connect(serve(ep)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for i in range(len(raw)):
+            sock.sendall(raw[i : i + 1])
+            if i % 16 == 0:
+                time.sleep(0.002)
+        [reply] = _replies(sock, 1)
+    assert status_of(reply) == 204
+    [(headers, body)] = ep.writes
+    assert body == b"ok" and headers["x-split"] == "a\u00e9b"
+
+
+def test_a_malformed_head_after_a_served_request_on_one_connection_is_400_and_closes(serve: Serve) -> None:
+    ep = Recorder()
+    with connect(serve(ep)) as sock:
+        sock.sendall(WRITE_HEAD + b"Content-Length: 2\r\n\r\nok")
+        [first] = _replies(sock, 1)
+        sock.sendall(WRITE_HEAD + b"Content-Length : 2\r\n\r\nno")
+        rest = read_until_closed(sock, timeout=2)
+    assert status_of(first) == 204 and status_of(rest) == 400 and not rest.endswith(b"<still open>")
+    assert [b for _, b in ep.writes] == [b"ok"]
+
+
+@pytest.mark.parametrize("raw", [
+    WRITE_HEAD + b"Content-Length: 2\rX-Smuggled: 1\r\n\r\nok",  # a bare CR inside a line
+    WRITE_HEAD + b"Content-Length: 2\r\n\rX: 1\r\n\r\nok",  # a line starting with a bare CR
+    WRITE_HEAD + b"Content-Length: 2\r\nX-Nul: a\0b\r\n\r\nok",
+])
+def test_bare_cr_and_nul_in_a_request_head_are_refused(serve: Serve, raw: bytes) -> None:
+    ep = Recorder()
+    with connect(serve(ep)) as sock:
+        sock.sendall(raw)
+        answer = read_until_closed(sock, timeout=2)
+    assert status_of(answer) == 400 and ep.writes == []
+
+
+def test_a_head_request_on_a_kept_alive_connection_gets_no_body_and_the_next_request_is_served(
+    serve: Serve
+) -> None:
+    with connect(serve()) as sock:
+        sock.sendall(b"HEAD /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.settimeout(2)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = sock.recv(65536)
+            assert chunk
+            head += chunk
+        sock.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            sock.recv(1)  # nothing after HEAD's head
+        sock.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
+        [second] = _replies(sock, 1)
+    assert status_of(head) == 200 and head.endswith(b"\r\n\r\n") and status_of(second) == 200
