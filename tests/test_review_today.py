@@ -9,13 +9,23 @@ import io
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from relay.http_head import MAX_HEADERS, Response
+from relay.queue import ENTRY_OVERHEAD_BYTES, DurableQueue
 from tests.test_relay_http import WRITE_HEAD, Recorder, Serve, connect, read_until_closed, serve, status_of
 
 __all__ = ["serve"]  # the fixture, imported for its use here
+
+
+@pytest.fixture
+def queue(tmp_path: Path) -> Iterator[DurableQueue]:
+    q = DurableQueue(tmp_path / "dest.queue.db", 1 << 20, clock=lambda: 1000.0)
+    yield q
+    q.close()
 
 
 class _Sock:
@@ -23,7 +33,7 @@ class _Sock:
         self.raw = raw
 
     def makefile(self, mode: str) -> io.BufferedReader:
-        return io.BufferedReader(io.BytesIO(self.raw))  # type: ignore[arg-type]
+        return io.BufferedReader(io.BytesIO(self.raw))
 
 
 def _begin(cls: type[http.client.HTTPResponse], raw: bytes) -> str:
@@ -170,3 +180,90 @@ def test_a_head_request_on_a_kept_alive_connection_gets_no_body_and_the_next_req
         sock.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
         [second] = _replies(sock, 1)
     assert status_of(head) == 200 and head.endswith(b"\r\n\r\n") and status_of(second) == 200
+
+
+# ---- the queue: group commits that trim, waits with thresholds ------------------------------------
+
+def test_concurrent_puts_that_trim_keep_order_ids_and_exact_counts(tmp_path: Path) -> None:
+    # group commit + one INSERT ... RETURNING per put + queue_full trimming: what survives is in id
+    # order per shard, each writer's entries in put order, and dropped + queued == put, to the sample
+    entry = 300 + ENTRY_OVERHEAD_BYTES
+    q = DurableQueue(tmp_path / "q.db", 40 * entry, clock=lambda: 1000.0)
+    dropped = [0] * 6
+    try:
+        def writer(w: int) -> None:
+            for i in range(30):
+                pieces = [(s, f"{w}:{i}:".encode().ljust(300, b"x"), 1 + s, 0) for s in range(w % 3 + 1)]
+                dropped[w] += q.put(pieces)
+
+        threads = [threading.Thread(target=writer, args=(w,)) for w in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        put = sum(sum(1 + s for s in range(w % 3 + 1)) * 30 for w in range(6))
+        kept = {s: q.peek(s, 10_000, 10_000) for s in q.shards()}
+        samples = sum(e.samples for es in kept.values() for e in es)
+        assert q.depth()[0] == samples and samples + sum(dropped) == put
+        assert sum(len(es) for es in kept.values()) <= 40
+        for es in kept.values():
+            assert [e.id for e in es] == sorted(e.id for e in es)
+            for w in range(6):
+                mine = [int(e.payload.split(b":")[1]) for e in es if e.payload.startswith(f"{w}:".encode())]
+                assert mine == sorted(mine)
+        assert q.last_id() == max(e.id for es in kept.values() for e in es)
+    finally:
+        q.close()
+
+
+def test_two_waits_on_one_shard_with_different_thresholds_each_wake_at_their_own(queue: DurableQueue) -> None:
+    low: list[bool] = []
+    high: list[bool] = []
+    t_low = threading.Thread(target=lambda: low.append(queue.wait(0, 10, min_samples=2)))
+    t_high = threading.Thread(target=lambda: high.append(queue.wait(0, 10, min_samples=5)))
+    t_low.start()
+    t_high.start()
+    deadline = time.monotonic() + 2
+    while len(queue._wants.get(0, ())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    queue.put([(0, b"a", 2)])
+    t_low.join(2)
+    time.sleep(0.05)
+    assert low == [True] and high == []  # the low one's wake-up left the high one asleep
+    queue.put([(0, b"b", 3)])
+    t_high.join(2)
+    assert high == [True] and queue._wants[0] == []
+
+
+def test_close_wakes_a_threshold_wait_that_no_put_would_fill(queue: DurableQueue) -> None:
+    woke: list[bool] = []
+    t = threading.Thread(target=lambda: woke.append(queue.wait(0, 30, min_samples=10**9)))
+    t.start()
+    deadline = time.monotonic() + 2
+    while not queue._wants.get(0) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    queue.put([(0, b"a", 1)])
+    started = time.monotonic()
+    queue.close()
+    t.join(2)
+    assert woke == [False] and time.monotonic() - started < 2
+
+
+# ---- the literal name filter: regexes that only look literal, names that nearly match -------------
+
+@pytest.mark.parametrize(("regex", "literal"), [
+    ("up|up", True), ("up|", False), ("|up", False), ("", False), ("u.", False), ("^up$", False),
+    (r"u\_p", False), ("(?i)up", False), ("up$", False), ("u+p", False), ("[u]p", False), ("up\n", False),
+])
+@pytest.mark.parametrize("action", ["keep", "drop"])
+def test_a_name_filter_answers_as_the_regex_for_names_that_nearly_match(regex: str, literal: bool, action: str) -> None:
+    from relay.relabel import parse_relabel_config, process
+    from relay.rule_plan import RulePlan, name_filter, names_of
+
+    rules = [parse_relabel_config({"source_labels": ["__name__"], "regex": regex, "action": action})]
+    assert (name_filter(rules[0]) is not None) is literal
+    plan = RulePlan(rules)
+    for name in ["up", "UP", "Up", "up\n", "\nup", "up ", "u", "upp", "", "ub", "u\np", "up|up", "úp"]:
+        labels = (("__name__", name), ("job", "j"))
+        want = process(labels, rules)
+        assert plan.apply(labels, names_of(labels)) == (None if want is None else (want, names_of(want))), name
