@@ -267,3 +267,69 @@ def test_a_name_filter_answers_as_the_regex_for_names_that_nearly_match(regex: s
         labels = (("__name__", name), ("job", "j"))
         want = process(labels, rules)
         assert plan.apply(labels, names_of(labels)) == (None if want is None else (want, names_of(want))), name
+
+
+# ---- native tables: a mapping that cannot grow (mmap / mremap failing) --------------------------
+
+_OUT_OF_SPACE = r"""
+import resource, sys
+from relay import native
+cd, cs = native.load("cdcache"), native.load("cstage")
+if cd is None or cs is None:
+    print("skip"); sys.exit(0)
+EXT = b"\n\x0c\n\x07cluster\x12\x01c"
+POS_SHIFT = int(sys.argv[1])
+keys = [b"series-%d" % i for i in range(400_000)]
+ids = [(i * 0x9E3779B97F4A7C15 | 1) & (2**64 - 1) for i in range(400_000)]
+t, s = cd.DecisionTable(2), cs.Table()
+for i in range(40_000):  # past a mebibyte: their own mappings from here on
+    t[keys[i]] = ((keys[i], i, "m"), (EXT, i | 1 << POS_SHIFT, "m"))
+    s.put(ids[i], i)
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+with open("/proc/self/statm") as f:
+    used = int(f.read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (used + (24 << 20), hard))  # a little room, then none
+failed = {"cdcache": 0, "cstage": 0}
+n_t = n_s = 40_000
+for i in range(40_000, len(keys)):
+    if not failed["cdcache"]:
+        try:
+            t[keys[i]] = ((keys[i], i, "m"), (EXT, i | 1 << POS_SHIFT, "m"))
+            n_t += 1
+        except MemoryError:
+            failed["cdcache"] = i
+    if not failed["cstage"]:
+        try:
+            s.put(ids[i], i)
+            n_s += 1
+        except MemoryError:
+            failed["cstage"] = i
+    if all(failed.values()):
+        break
+resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+assert all(failed.values()), failed  # both hit the limit
+assert len(t) == n_t and len(s) == n_s, (len(t), n_t, len(s), n_s)
+assert all(t[keys[i]][0][1] == i for i in range(n_t))
+assert all(s.get(ids[i]) == i for i in range(n_s))
+s.check()
+t[keys[n_t]] = ((keys[n_t], n_t, "m"), None)  # grows again once there is room
+assert len(t) == n_t + 1
+t.clear(); del s
+print("ok", failed)
+"""
+
+
+def test_native_tables_that_cannot_grow_raise_memoryerror_and_keep_every_entry(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from relay import native
+    from relay.stage import POS_SHIFT
+
+    if native.load("cdcache") is None or native.load("cstage") is None:
+        pytest.skip("native modules off or not built")
+    script = tmp_path / "oos.py"
+    script.write_text(_OUT_OF_SPACE)
+    done = subprocess.run([sys.executable, str(script), str(POS_SHIFT)], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0 and done.stdout.startswith("ok"), (done.stdout, done.stderr[-2000:])
