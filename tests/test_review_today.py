@@ -333,3 +333,73 @@ def test_native_tables_that_cannot_grow_raise_memoryerror_and_keep_every_entry(t
     done = subprocess.run([sys.executable, str(script), str(POS_SHIFT)], capture_output=True, text=True,
                           timeout=120, cwd=Path(__file__).resolve().parent.parent)
     assert done.returncode == 0 and done.stdout.startswith("ok"), (done.stdout, done.stderr[-2000:])
+
+
+# ---- label values' slots mod 2**16: what counts around the wrap, in both trackers ---------------
+
+def _trackers() -> list[str]:
+    from relay import native
+    return ["python"] + (["c"] if native.load("cstage") is not None else [])
+
+
+@pytest.mark.parametrize("kind", _trackers())
+def test_label_values_count_by_their_true_slot_across_the_2_16_wrap(kind: str) -> None:
+    from relay import cardinality
+
+    class Clock:
+        t = 0.0
+
+        def __call__(self) -> float:
+            return self.t
+
+    clock = Clock()
+    cls = cardinality.PySeriesTracker if kind == "python" else cardinality.CSeriesTracker
+    t = cls(60.0, clock, slots=60, max_values=100)  # one slot a second
+
+    def uid(sid: int, value: str) -> None:
+        t.observe(sid, "m", (("__name__", "m"), ("uid", value)))
+
+    uid(1, "early")  # slot 0
+    clock.t = 30.0
+    assert t.expire() == 0  # cutoff below 0: the base stays at 0
+    clock.t = 65_535.0  # 2**16 - 1 slots on, no expire since: no sweep yet, the value is still counted
+    uid(2, "late")  # kept as 65535 mod 2**16: read back as 65535, not as a slot before 0
+    assert t.top_labels(5, "m") == [("uid", 2)]
+    clock.t = 65_535.0 + 59
+    t.expire()  # cutoff 65534: "early" (slot 0) leaves, "late" (65535) is in the window
+    assert t.top_labels(5, "m") == [("uid", 1)]
+    clock.t = 65_535.0 + 2 * 65_536  # two wraps on without expire: the next labels noted sweep first
+    uid(3, "later")
+    assert t.top_labels(5, "m") == [("uid", 1)]  # "late" swept, though expire() never ran
+    clock.t += 59
+    t.expire()
+    assert t.top_labels(5, "m") == [("uid", 1)] and t.active() == 1
+    clock.t += 2
+    t.expire()
+    assert t.top_labels(5, "m") == [] and t.active() == 0
+
+
+@pytest.mark.parametrize("kind", _trackers())
+def test_the_largest_window_of_slots_still_expires_values_exactly_across_wraps(kind: str) -> None:
+    from relay import cardinality
+
+    class Clock:
+        t = 0.0
+
+        def __call__(self) -> float:
+            return self.t
+
+    clock = Clock()
+    slots = cardinality.MAX_SLOTS
+    cls = cardinality.PySeriesTracker if kind == "python" else cardinality.CSeriesTracker
+    t = cls(float(slots), clock, slots=slots, max_values=1000)  # one slot a second, 2**15 of them
+    with pytest.raises(ValueError):
+        cls(float(slots), clock, slots=slots + 1)
+    for step in range(8):  # a value a quarter span apart, never an expire(): sweeps only
+        clock.t = step * 16_384.0
+        t.observe(step, "m", (("__name__", "m"), ("uid", f"v{step}")))
+        # in the window: the values of the last 2**15 slots (older ones may linger until a sweep)
+        assert t.top_labels(1, "m")[0][1] >= min(step + 1, 3)
+    clock.t += 1
+    t.expire()  # cutoff = now - 2**15: v6 (now - 16385) and v7 (now - 1) in, the rest out
+    assert t.top_labels(1, "m") == [("uid", 2)]
