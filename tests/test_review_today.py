@@ -424,3 +424,46 @@ def test_a_head_refused_as_malformed_with_a_large_body_behind_it_is_answered_not
         sender.join(10)
     assert status_of(answer) == 400 and not answer.endswith((b"<still open>", b"<reset>")), answer[:100]
     assert ep.writes == []
+
+
+def _one_shot_receiver(answer: bytes) -> tuple[socket.socket, threading.Thread]:
+    """A receiver on 127.0.0.1 that reads one request head (and its body) and sends ``answer``."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve_once() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            head, rest = data.split(b"\r\n\r\n", 1)
+            length = int(head.lower().split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+            while len(rest) < length:
+                rest += conn.recv(65536)
+            try:
+                conn.sendall(answer)
+                time.sleep(0.2)
+            except OSError:
+                pass
+
+    t = threading.Thread(target=serve_once)
+    t.start()
+    return listener, t
+
+
+def test_the_transport_gives_up_on_a_receiver_whose_head_is_endless_junk_lines(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from relay.transport import NETWORK_ERROR, HttpTransport
+
+    for var in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    listener, t = _one_shot_receiver(b"HTTP/1.1 200 OK\r\n" + b"junk\r\n" * 5000 + b"Content-Length: 0\r\n\r\n")
+    with listener:
+        transport = HttpTransport()
+        try:
+            r = transport.post(f"http://127.0.0.1:{listener.getsockname()[1]}/api/v1/write", b"body", {}, 5.0)
+        finally:
+            transport.close()
+        t.join(5)
+    assert r.status == NETWORK_ERROR and b"too many headers" in r.body.lower(), r
