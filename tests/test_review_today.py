@@ -467,3 +467,24 @@ def test_the_transport_gives_up_on_a_receiver_whose_head_is_endless_junk_lines(
             transport.close()
         t.join(5)
     assert r.status == NETWORK_ERROR and b"too many headers" in r.body.lower(), r
+
+
+def test_puts_of_every_row_count_prepare_a_bounded_number_of_insert_statements(tmp_path: Path) -> None:
+    # each distinct VALUES count is its own prepared statement, and sqlite3 keeps 128 of them per
+    # connection: puts of 873..1000 rows (max_shards in the thousands) held ~76 MiB in that cache alone
+    q = DurableQueue(tmp_path / "q.db", 1 << 30, clock=lambda: 1000.0)
+    try:
+        shapes: set[int] = set()  # the VALUES rows of each INSERT run (the trace may expand parameters)
+        q._wdb.set_trace_callback(
+            lambda sql: shapes.add(sql.count("), (") + 1) if sql.startswith("INSERT INTO entries") else None)
+        total = 0
+        for rows in range(1, 400, 3):
+            q.put([(s, b"p", 1, 0) for s in range(rows)])
+            total += rows
+        q._wdb.set_trace_callback(None)
+        assert len(shapes) <= 40, len(shapes)
+        assert q.depth()[0] == total
+        first = q.peek(0, 10_000, 10_000)
+        assert [e.id for e in first] == sorted(e.id for e in first) and len(first) == len(range(1, 400, 3))
+    finally:
+        q.close()
