@@ -129,14 +129,16 @@ def read_headers(rfile: Lines, strict: bool = True) -> Headers | HeadError:
     socket errors of ``rfile`` propagate. ``strict``: a request's (refuse malformed lines); else a
     response's (see ``_lenient``); the limits hold either way."""
     fields: list[tuple[str, str]] = []
+    lines = 0  # every line counts, folded or dropped ones too (else a peer could stream them forever)
     while True:
         line = rfile.readline(MAX_LINE + 1)
         if len(line) > MAX_LINE:
             return HeadError(431, "Line too long")
         if line in (b"\r\n", b"\n", b""):
             return Headers(fields)
-        if len(fields) >= MAX_HEADERS:
+        if lines >= MAX_HEADERS:
             return HeadError(431, "Too many headers")
+        lines += 1
         end = 2 if line.endswith(b"\r\n") else 1 if line.endswith(b"\n") else 0
         if not strict:
             _lenient(fields, line[: len(line) - end])

@@ -81,6 +81,10 @@ log = logging.getLogger(__name__)
 
 _MARK_EVERY_S = 1.0
 _ROWS_PER_INSERT = 1000  # 7 values a row: well below SQLite's 32,766 variables a statement
+# Each VALUES count is a prepared statement of its own (sqlite3 caches 128 a connection, about 0.6 KiB a
+# row): puts of up to _EXACT_ROWS rows get one of their exact size, larger ones are cut into chunks of
+# a power of two, so that at most _EXACT_ROWS + 5 shapes are ever prepared, whatever max_shards is.
+_EXACT_ROWS = 32
 _PAGES = "SELECT * FROM pragma_page_count(), pragma_freelist_count()"  # both in one statement
 
 
@@ -282,8 +286,12 @@ class DurableQueue(QueueState):
                 first_id: int | None = None
                 last_id = 0
                 for p in batch:
-                    for i in range(0, len(p.rows), _ROWS_PER_INSERT):  # one statement per put, its ids back
-                        rows = p.rows[i : i + _ROWS_PER_INSERT]
+                    i = 0
+                    while i < len(p.rows):  # one statement per put (a few for a large one), its ids back
+                        left = len(p.rows) - i
+                        n = min(_ROWS_PER_INSERT, left if left <= _EXACT_ROWS else 1 << (left.bit_length() - 1))
+                        rows = p.rows[i : i + n]
+                        i += n
                         ids = [rid for (rid,) in db.execute(_insert(len(rows)), [
                             v for shard, stored, raw_len, crc, _, samples, oldest in rows
                             for v in (shard, samples, now, oldest, stored, raw_len, crc)]).fetchall()]
