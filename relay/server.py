@@ -103,6 +103,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile = SocketWriter(self.connection)  # type: ignore[assignment]
         self._waiting = False  # the next request must wait for its first byte (keep-alive)
         self._body_pending = False  # the request's body, if any, was not read
+        self._continue = False  # Expect: 100-continue, not answered yet
 
     def handle_one_request(self) -> None:
         if self._waiting:
@@ -119,6 +120,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._reader.deadline = time.monotonic() + self.server.read_timeout
         self._waiting = True
         self._body_pending = False
+        self._continue = False  # a 100 Continue is owed before the body is read
         self.command = ""
         super().handle_one_request()
 
@@ -147,6 +149,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = False
         if head.get("Expect", "").lower() == "100-continue" and self.request_version == "HTTP/1.1":
             return self.handle_expect_100()
+        return True
+
+    def handle_expect_100(self) -> bool:
+        """Expect: 100-continue. The 100 goes out only when the body is about to be read (_read_exact):
+        a request refused on its head alone (411, 413, 503, 404, ...) gets its final answer instead, so
+        the client does not upload a body that would be thrown away (RFC 9110 10.1.1)."""
+        self._continue = True
         return True
 
     def finish(self) -> None:
@@ -298,6 +307,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _read_exact(self, length: int) -> bytes | Reply:
         """The body, once all of it arrived within the request's deadline; else the reply refusing it."""
         try:
+            if self._continue:
+                self._continue = False
+                self.connection.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
             body = self.rfile.read(length)
         except TimeoutError:
             return _text(408, f"request not received within {self.server.read_timeout:g} s (server.read_timeout)")

@@ -198,6 +198,35 @@ def test_expect_100_continue_gets_100_before_the_body_is_sent(serve: Serve) -> N
     assert [b for _, b in ep.writes] == [b"hello"]
 
 
+@pytest.mark.parametrize(("head", "status"), [
+    (b"Content-Length: 999999999\r\n", 413),  # over max_request_bytes
+    (b"Transfer-Encoding: chunked\r\n", 411),
+])
+def test_a_write_refused_on_its_head_gets_its_answer_and_no_100_continue(
+    serve: Serve, head: bytes, status: int
+) -> None:
+    # RFC 9110 10.1.1: a 100 invites the upload of a body the server will not read
+    ep = Recorder()
+    with connect(serve(ep)) as sock:
+        sock.sendall(WRITE_HEAD + head + b"Expect: 100-continue\r\n\r\n")
+        answer = read_until_closed(sock, timeout=2)
+    assert status_of(answer) == status and b"100 Continue" not in answer and ep.writes == []
+
+
+def test_a_write_refused_for_load_gets_503_and_no_100_continue(serve: Serve) -> None:
+    ep = Recorder()
+    ep.gate = threading.Event()
+    server = serve(ep, max_concurrent=1)
+    with connect(server) as busy:
+        busy.sendall(WRITE_HEAD + b"Content-Length: 2\r\n\r\nok")
+        assert ep.entered.wait(2)
+        with connect(server) as sock:
+            sock.sendall(WRITE_HEAD + b"Content-Length: 2\r\nExpect: 100-continue\r\n\r\n")
+            answer = read_until_closed(sock, timeout=2)
+        ep.gate.set()
+    assert status_of(answer) == 503 and b"100 Continue" not in answer
+
+
 def test_a_path_starting_with_two_slashes_is_read_as_a_path_not_a_host(serve: Serve) -> None:
     ep = Recorder()
     answer = exchange(serve(ep), b"POST //api/v1/write HTTP/1.1\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
