@@ -24,10 +24,10 @@ destination, element 0 the input's) like a dict, but stores neither the key byte
 Values hold only immutable objects (bytes, int, str and tuples of them), so the table takes no
 part in cyclic GC. Not thread-safe: relay.decision_cache calls it under the pipeline's lock.
 */
+#include "bigarray.h"
 #include "fastpath.h"
 #include <stdint.h>
 #include <string.h>
-#include <sys/mman.h>
 
 /* ---- SipHash (Aumasson & Bernstein), 128-bit output ------------------------------------------ */
 
@@ -643,54 +643,7 @@ done:
     return out;
 }
 
-/* ---- big arrays: mmap'd directly ---------------------------------------------------------------- */
-
-/* The index and the entries, once BIG_BYTES or more, get their own mapping (grown by mremap): glibc's
-   dynamic mmap threshold rises after a large mapped block is freed (each rebuild frees one), so later
-   arrays would land in the main heap and leave holes there when freed in turn. (relay._cstage does
-   the same for its tables.) */
-#define BIG_BYTES ((size_t)1 << 20)
-
-static void *arr_map(size_t bytes) {
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
-}
-
-/* n * size zeroed bytes; NULL on overflow or when out of memory (no exception set) */
-static void *arr_calloc(size_t n, size_t size) {
-    if (size && n > SIZE_MAX / size)
-        return NULL;
-    return n * size < BIG_BYTES ? PyMem_RawCalloc(n ? n : 1, size ? size : 1) : arr_map(n * size);
-}
-
-/* frees an array of `bytes` bytes from arr_calloc or arr_realloc */
-static void arr_free(void *p, size_t bytes) {
-    if (p == NULL)
-        return;
-    if (bytes < BIG_BYTES)
-        PyMem_RawFree(p);
-    else
-        munmap(p, bytes);
-}
-
-/* p (old bytes, NULL: none) resized to new bytes, contents kept up to the smaller; NULL (p left as
-   it was) when out of memory */
-static void *arr_realloc(void *p, size_t old, size_t new) {
-    if (p == NULL)
-        return new < BIG_BYTES ? PyMem_RawMalloc(new) : arr_map(new);
-    if (old < BIG_BYTES && new < BIG_BYTES)
-        return PyMem_RawRealloc(p, new);
-    if (old >= BIG_BYTES && new >= BIG_BYTES) {
-        void *q = mremap(p, old, new, MREMAP_MAYMOVE);
-        return q == MAP_FAILED ? NULL : q;
-    }
-    void *q = new < BIG_BYTES ? PyMem_RawMalloc(new) : arr_map(new);
-    if (q == NULL)
-        return NULL;
-    memcpy(q, p, old < new ? old : new);
-    arr_free(p, old);
-    return q;
-}
+/* ---- arrays (bigarray.h: 1 MiB and more in their own mappings, grown by mremap) ---------------- */
 
 static inline size_t entries_bytes(const Table *t) { return t->cap * t->words * 8; }
 

@@ -14,38 +14,10 @@
  *   changes) call back into the Python stage so they stay the reference's. Any input of an unusual
  *   shape makes take() answer NotImplemented before any side effect: the caller runs the reference.
  */
+#include "bigarray.h"
 #include "fastpath.h"
 #include <stdint.h>
 #include <string.h>
-#include <sys/mman.h>
-
-/* ---- big arrays: mmap'd directly ---------------------------------------------------------------- */
-
-/* Tables of BIG_BYTES and more get their own mapping: glibc's dynamic mmap threshold rises after a
- * large mapped block is freed (each table rebuild frees one), so later tables would land in the main
- * heap and leave holes there when they are freed in turn. A mapping goes back whole. */
-#define BIG_BYTES ((size_t)1 << 20)
-
-/* n * size zeroed bytes, NULL on overflow or when out of memory (no exception set) */
-static void *arr_calloc(size_t n, size_t size) {
-    if (size && n > SIZE_MAX / size)
-        return NULL;
-    size_t bytes = n * size;
-    if (bytes < BIG_BYTES)
-        return PyMem_RawCalloc(n ? n : 1, size ? size : 1);
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
-}
-
-/* frees what arr_calloc(n, size) gave, given the same n * size */
-static void arr_free(void *p, size_t bytes) {
-    if (p == NULL)
-        return;
-    if (bytes < BIG_BYTES)
-        PyMem_RawFree(p);
-    else
-        munmap(p, bytes);
-}
 
 /* ---- the table: uint64 key -> uint32 value ----------------------------------------------------- */
 
