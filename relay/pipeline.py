@@ -250,19 +250,11 @@ class Pipeline:
                 raise ValueError("wire.route: per-destination entries do not line up with the inputs")
             new_in = set(self.tracker_in.observe_inputs(inputs, self._labels_of))
             in_active = self.tracker_in.has()
-            md = metadata_entries(routed.metadata) if routed.metadata else []
-            if md:
-                self._learn_counters(md)
-            family_entries = [(family, raw) for family, raw, _ in md]
+            family_entries = self._families(routed.metadata)
             pieces_per_dest: list[list[Piece]] = []
             for i, stage in enumerate(self.stages):
                 pieces, kept, _ = stage.take(routed.per_dest[i + 1], inputs, new_in, in_active, self._labels_of)
-                metadata = stage.metadata(family_entries)
-                if metadata:
-                    pieces.append((0, metadata, 0, 0))
-                pieces_per_dest.append(pieces)
-                result.kept.append(kept)
-                stage.stats.record_samples(result.samples + result.histograms, kept)
+                pieces_per_dest.append(self._taken(result, stage, pieces, kept, family_entries))
             self._scratch.clear()
             return result, pieces_per_dest
 
@@ -293,21 +285,30 @@ class Pipeline:
         series, samples, histograms, exemplars, metadata, per_stage = r
         self.cache.evict()  # (hits change no size: as the usual path does after its lookups)
         result = IngestResult(series=series, samples=samples, histograms=histograms, exemplars=exemplars)
-        raw = b"".join(metadata)
-        md = metadata_entries(raw) if raw else []
-        if md:
-            self._learn_counters(md)
-        family_entries = [(family, raw) for family, raw, _ in md]
+        family_entries = self._families(b"".join(metadata))
         pieces_per_dest: list[list[Piece]] = []
         for stage, (pieces, kept, _, drops) in zip(self.stages, per_stage, strict=True):
             stage.record_drops(drops)
-            meta = stage.metadata(family_entries)
-            if meta:
-                pieces.append((0, meta, 0, 0))
-            pieces_per_dest.append(pieces)
-            result.kept.append(kept)
-            stage.stats.record_samples(result.samples + result.histograms, kept)
+            pieces_per_dest.append(self._taken(result, stage, pieces, kept, family_entries))
         return result, pieces_per_dest
+
+    def _families(self, raw: bytes) -> list[tuple[str, bytes]]:
+        """The request's metadata entries as (family, entry bytes); counters learned from them."""
+        md = metadata_entries(raw) if raw else []
+        if md:
+            self._learn_counters(md)
+        return [(family, entry) for family, entry, _ in md]
+
+    @staticmethod
+    def _taken(result: IngestResult, stage: DestinationStage, pieces: list[Piece], kept: int,
+               family_entries: list[tuple[str, bytes]]) -> list[Piece]:
+        """A destination's pieces with its share of the metadata; its kept samples counted."""
+        meta = stage.metadata(family_entries)
+        if meta:
+            pieces.append((0, meta, 0, 0))
+        result.kept.append(kept)
+        stage.stats.record_samples(result.samples + result.histograms, kept)
+        return pieces
 
     def _learn_counters(self, md: list[tuple[str, bytes, bool]]) -> None:
         now = self.clock()
