@@ -88,11 +88,34 @@ _EXACT_ROWS = 32
 _PAGES = "SELECT * FROM pragma_page_count(), pragma_freelist_count()"  # both in one statement
 
 
+# What a row costs in GIL hand-offs: CPython 3.11's sqlite3 releases the GIL for each row it steps to
+# AND for each column it reads from it (sqlite3_data_count, sqlite3_column_type), and every release
+# wakes a thread waiting for the GIL (a futex wake and a context switch). With four connections, the
+# committer and the senders waiting, those wake-ups were about a fifth of the relay's CPU on issue 9's
+# job. So the hot statements return as few rows and columns as they can: a put takes its ids from
+# lastrowid (no RETURNING), an ack sums what it deletes per shard, and a peek reads a row's integers
+# as one text column (_PEEK_COLUMNS).
 @functools.lru_cache(maxsize=64)
 def _insert(rows: int) -> str:
-    """A put's rows in one INSERT (AUTOINCREMENT ids follow the VALUES' order), returning the ids."""
+    """A put's rows in one INSERT. AUTOINCREMENT gives each row one more than the largest id the table
+    ever had, in the VALUES' order, so the ids of the statement's rows are the ``rows`` ids ending at
+    its lastrowid (the writer holds the write lock: no other insert runs between)."""
     return ("INSERT INTO entries (shard, samples, enqueued_at, oldest_ts, payload, raw_len, crc) VALUES "
-            + ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * rows) + " RETURNING id")
+            + ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * rows))
+
+
+# A peeked row as three columns: its payload, its enqueue time (a REAL, read as it is) and its integers
+# in one text, NULL raw_len and crc as _NULL (raw_len is below 2^32, crc a signed 32-bit value);
+# _meta reads them back.
+_NULL = -(1 << 63)
+_PEEK_COLUMNS = ("payload, enqueued_at, printf('%d %d %d %d %d %d', id, shard, samples, oldest_ts, "
+                 f"IFNULL(raw_len, {_NULL}), IFNULL(crc, {_NULL}))")
+
+
+def _meta(text: str) -> tuple[int, int, int, int, int | None, int | None]:
+    """(id, shard, samples, oldest_ts, raw_len, crc) of a peeked row's integer column."""
+    rid, shard, samples, oldest, raw_len, crc = map(int, text.split())
+    return rid, shard, samples, oldest, (None if raw_len == _NULL else raw_len), (None if crc == _NULL else crc)
 
 
 class _Pending:
@@ -292,11 +315,14 @@ class DurableQueue(QueueState):
                         n = min(_ROWS_PER_INSERT, left if left <= _EXACT_ROWS else 1 << (left.bit_length() - 1))
                         rows = p.rows[i : i + n]
                         i += n
-                        ids = [rid for (rid,) in db.execute(_insert(len(rows)), [
+                        last = db.execute(_insert(len(rows)), [
                             v for shard, stored, raw_len, crc, _, samples, oldest in rows
-                            for v in (shard, samples, now, oldest, stored, raw_len, crc)]).fetchall()]
-                        first_id = min(ids) if first_id is None else first_id
-                        last_id = max(ids)
+                            for v in (shard, samples, now, oldest, stored, raw_len, crc)]).lastrowid
+                        if last is None:
+                            raise StorageError(f"queue {self.name}: SQLite gave no id for the stored rows",
+                                               str(self.path))
+                        first_id = last - len(rows) + 1 if first_id is None else first_id
+                        last_id = last
                     for shard, _stored, _raw_len, _crc, size, samples, _oldest in p.rows:
                         a = added.setdefault(shard, [0, 0])
                         a[0] += 1
@@ -418,13 +444,15 @@ class DurableQueue(QueueState):
             db.execute("BEGIN IMMEDIATE")
             for i in range(0, len(ids), 500):
                 chunk = ids[i : i + 500]
-                for shard, samples, nbytes in db.execute(
-                    f"DELETE FROM entries WHERE id IN ({','.join('?' * len(chunk))}) "
-                    f"RETURNING shard, samples, {qo.SIZE}", chunk).fetchall():
+                where = f"WHERE id IN ({','.join('?' * len(chunk))})"
+                for shard, count, samples, nbytes in db.execute(  # a row a shard, not one per entry
+                        f"SELECT shard, COUNT(*), SUM(samples), SUM({qo.SIZE}) FROM entries {where} "
+                        "GROUP BY shard", chunk).fetchall():
                     r = removed.setdefault(shard, [0, 0])
-                    r[0] += 1
+                    r[0] += count
                     r[1] += samples
                     d_bytes += nbytes
+                db.execute(f"DELETE FROM entries {where}", chunk)
             db.execute("COMMIT")
         except sqlite3.Error as e:
             self._rollback(db)
@@ -497,9 +525,10 @@ class DurableQueue(QueueState):
         total = 0
         with self._rlock:
             cur = self._rdb.execute(
-                f"SELECT id, shard, payload, samples, enqueued_at, oldest_ts, raw_len, crc FROM entries "
-                f"WHERE {where} ORDER BY id LIMIT ?", (*args, max(1, max_entries) + len(skip)))
-            for rid, shard, payload, samples, enqueued_at, oldest, raw_len, crc in cur:
+                f"SELECT {_PEEK_COLUMNS} FROM entries WHERE {where} ORDER BY id LIMIT ?",
+                (*args, max(1, max_entries) + len(skip)))
+            for payload, enqueued_at, meta in cur:
+                rid, shard, samples, oldest, raw_len, crc = _meta(meta)
                 if rid in skip:
                     continue
                 if (out or extend) and (total + samples > max_samples or len(out) >= max_entries):
