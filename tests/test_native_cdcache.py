@@ -11,7 +11,7 @@ import tracemalloc
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -264,6 +264,33 @@ def test_the_table_hash_is_keyed_per_process() -> None:
     assert len(runs) == 2  # a fresh random key in each process
     assert cd.digest(b"abc") == cd.digest(bytes(bytearray(b"abc"))) != cd.digest(b"abd")
     assert len(cd.digest(b"")) == 16
+
+
+PAIR_LENGTHS = [0, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 300]
+
+
+@pytest.mark.parametrize("la", PAIR_LENGTHS)
+def test_the_two_key_hash_is_the_one_key_hash_of_each_whatever_their_lengths(la: int) -> None:
+    # the route hashes a request's keys two at a time: a common run of blocks, then each alone
+    a = bytes((7 * i + la) % 256 for i in range(la))
+    for lb in PAIR_LENGTHS:
+        b = bytes((11 * i + 3 * lb) % 256 for i in range(lb))
+        assert cd.digest_pair(a, b) == (cd.digest(a), cd.digest(b)), (la, lb)
+        assert cd.digest_pair(b, a) == (cd.digest(b), cd.digest(a)), (lb, la)
+    assert cd.digest_pair(a, a) == (cd.digest(a),) * 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=700), st.binary(max_size=700))
+def test_the_two_key_hash_matches_the_one_key_hash_on_any_bytes(a: bytes, b: bytes) -> None:
+    assert cd.digest_pair(a, b) == (cd.digest(a), cd.digest(b))
+
+
+def test_the_two_key_hash_refuses_what_digest_refuses() -> None:
+    with pytest.raises(TypeError):
+        cd.digest_pair(b"a", "b")
+    with pytest.raises(TypeError):
+        cd.digest_pair(b"a")
 
 
 # ---- shapes, errors and memory --------------------------------------------------------------------------

@@ -89,6 +89,78 @@ static inline void key_hash(const uint8_t *p, size_t n, uint64_t h[2]) {
     siphash(p, n, sip_k0, sip_k1, 1, 3, 1, h);
 }
 
+/* key_hash of two keys at once, the same function. A SipRound is one chain of dependent adds,
+ * rotations and xors: one key leaves most of a core's ALUs idle, two independent chains fill them
+ * (issue 9's keep4: the hash was a tenth of the relay's CPU). */
+#define SIPROUND_OF(x0, x1, x2, x3)                                                                \
+    do {                                                                                           \
+        x0 += x1; x1 = ROTL(x1, 13); x1 ^= x0; x0 = ROTL(x0, 32);                                  \
+        x2 += x3; x3 = ROTL(x3, 16); x3 ^= x2;                                                     \
+        x0 += x3; x3 = ROTL(x3, 21); x3 ^= x0;                                                     \
+        x2 += x1; x1 = ROTL(x1, 17); x1 ^= x2; x2 = ROTL(x2, 32);                                  \
+    } while (0)
+#define SIPROUND_AB                                                                                \
+    do {                                                                                           \
+        SIPROUND_OF(a0, a1, a2, a3);                                                               \
+        SIPROUND_OF(b0, b1, b2, b3);                                                               \
+    } while (0)
+
+static inline uint64_t sip_last(const uint8_t *in, size_t len) {
+    size_t full = len & ~(size_t)7;
+    uint64_t b = (uint64_t)len << 56;
+    for (size_t i = 0; i < (len & 7); i++)
+        b |= (uint64_t)in[full + i] << (8 * i);
+    return b;
+}
+
+static inline void key_hash2(const uint8_t *pa, size_t na, uint64_t ha[2], const uint8_t *pb, size_t nb,
+                             uint64_t hb[2]) {
+    uint64_t a0 = sip_k0 ^ 0x736f6d6570736575ULL, a1 = sip_k1 ^ 0x646f72616e646f6dULL ^ 0xee;
+    uint64_t a2 = sip_k0 ^ 0x6c7967656e657261ULL, a3 = sip_k1 ^ 0x7465646279746573ULL;
+    uint64_t b0 = a0, b1 = a1, b2 = a2, b3 = a3;
+    size_t fa = na & ~(size_t)7, fb = nb & ~(size_t)7, common = fa < fb ? fa : fb, i;
+    for (i = 0; i < common; i += 8) {
+        uint64_t ma = load_le64(pa + i), mb = load_le64(pb + i);
+        a3 ^= ma;
+        b3 ^= mb;
+        SIPROUND_AB;
+        a0 ^= ma;
+        b0 ^= mb;
+    }
+    for (size_t j = i; j < fa; j += 8) {
+        uint64_t m = load_le64(pa + j);
+        a3 ^= m;
+        SIPROUND_OF(a0, a1, a2, a3);
+        a0 ^= m;
+    }
+    for (size_t j = i; j < fb; j += 8) {
+        uint64_t m = load_le64(pb + j);
+        b3 ^= m;
+        SIPROUND_OF(b0, b1, b2, b3);
+        b0 ^= m;
+    }
+    uint64_t la = sip_last(pa, na), lb = sip_last(pb, nb);
+    a3 ^= la;
+    b3 ^= lb;
+    SIPROUND_AB;
+    a0 ^= la;
+    b0 ^= lb;
+    a2 ^= 0xee;
+    b2 ^= 0xee;
+    SIPROUND_AB;
+    SIPROUND_AB;
+    SIPROUND_AB;
+    ha[0] = a0 ^ a1 ^ a2 ^ a3;
+    hb[0] = b0 ^ b1 ^ b2 ^ b3;
+    a1 ^= 0xdd;
+    b1 ^= 0xdd;
+    SIPROUND_AB;
+    SIPROUND_AB;
+    SIPROUND_AB;
+    ha[1] = a0 ^ a1 ^ a2 ^ a3;
+    hb[1] = b0 ^ b1 ^ b2 ^ b3;
+}
+
 /* ---- entry layout ----------------------------------------------------------------------------
    [h0 h1] [in_id, in_ref] [dest 1: id, ref, aux] ... [dest width-1]
    in_ref: the metric, or (low bit 1) the whole value stored as is.
@@ -1137,6 +1209,11 @@ static const uint64_t *api_lookup(PyObject *table, const uint8_t *p, size_t n) {
 
 static void api_hash(const uint8_t *p, size_t n, uint64_t h[2]) { key_hash(p, n, h); }
 
+static void api_hash2(const uint8_t *pa, size_t na, uint64_t ha[2], const uint8_t *pb, size_t nb,
+                      uint64_t hb[2]) {
+    key_hash2(pa, na, ha, pb, nb, hb);
+}
+
 static const uint64_t *api_find(PyObject *table, const uint64_t h[2]) {
     Table *t = (Table *)table;
     if (t->n == 0)
@@ -1180,7 +1257,7 @@ static Py_ssize_t api_edit(const uint8_t *p, size_t n, uint64_t aux, const char 
 }
 
 static fp_table_api table_api = {FP_API_VERSION, &TableType, api_lookup, api_hash, api_find, api_prefetch,
-                                  api_width, api_shared, api_edit};
+                                  api_width, api_shared, api_edit, api_hash2};
 
 /* ---- module functions ------------------------------------------------------------------------- */
 
@@ -1195,6 +1272,28 @@ static PyObject *mod_digest(PyObject *Py_UNUSED(m), PyObject *key) {
         out[8 + i] = (unsigned char)(h[1] >> (8 * i));
     }
     return PyBytes_FromStringAndSize((const char *)out, 16);
+}
+
+/* (digest(a), digest(b)) computed by key_hash2: what the route's paired hashing gives */
+static PyObject *mod_digest_pair(PyObject *Py_UNUSED(m), PyObject *args) {
+    PyObject *a, *b;
+    if (!PyArg_ParseTuple(args, "OO:digest_pair", &a, &b) || check_key(a) < 0 || check_key(b) < 0)
+        return NULL;
+    uint64_t h[2][2];
+    key_hash2((const uint8_t *)PyBytes_AS_STRING(a), (size_t)PyBytes_GET_SIZE(a), h[0],
+              (const uint8_t *)PyBytes_AS_STRING(b), (size_t)PyBytes_GET_SIZE(b), h[1]);
+    unsigned char out[2][16];
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 8; i++) {
+            out[k][i] = (unsigned char)(h[k][0] >> (8 * i));
+            out[k][8 + i] = (unsigned char)(h[k][1] >> (8 * i));
+        }
+    PyObject *da = PyBytes_FromStringAndSize((const char *)out[0], 16);
+    PyObject *db = PyBytes_FromStringAndSize((const char *)out[1], 16);
+    PyObject *r = da && db ? PyTuple_Pack(2, da, db) : NULL;
+    Py_XDECREF(da);
+    Py_XDECREF(db);
+    return r;
 }
 
 static PyObject *mod_siphash(PyObject *Py_UNUSED(m), PyObject *args) {
@@ -1224,6 +1323,8 @@ out:
 
 static PyMethodDef module_methods[] = {
     {"digest", (PyCFunction)mod_digest, METH_O, "digest(key): the table's 16-byte keyed hash of key"},
+    {"digest_pair", (PyCFunction)mod_digest_pair, METH_VARARGS,
+     "digest_pair(a, b): (digest(a), digest(b)) as the two-key hash computes them"},
     {"siphash", (PyCFunction)mod_siphash, METH_VARARGS,
      "siphash(key16, data, c, d, size): SipHash-c-d with an 8 or 16-byte output (tests)"},
     {NULL, NULL, 0, NULL},

@@ -2463,12 +2463,26 @@ static PyObject *route_hits(PyObject *module, PyObject *args) {
         PyErr_NoMemory();
         goto fail;
     }
+    Py_ssize_t pending = -1; /* keys are hashed two at a time */
     for (Py_ssize_t i = 0; i < it.len; i++) {
         const fp_item *r = &it.items[i];
         if (r->metadata)
             continue;
-        table_api->hash(b + r->start, (size_t)(r->key_end - r->start), hk[i]);
+        if (pending < 0) {
+            pending = i;
+            continue;
+        }
+        const fp_item *q = &it.items[pending];
+        table_api->hash2(b + q->start, (size_t)(q->key_end - q->start), hk[pending], b + r->start,
+                         (size_t)(r->key_end - r->start), hk[i]);
+        table_api->prefetch(table, hk[pending], 0);
         table_api->prefetch(table, hk[i], 0);
+        pending = -1;
+    }
+    if (pending >= 0) {
+        const fp_item *q = &it.items[pending];
+        table_api->hash(b + q->start, (size_t)(q->key_end - q->start), hk[pending]);
+        table_api->prefetch(table, hk[pending], 0);
     }
     for (Py_ssize_t i = 0; i < it.len; i++)
         if (!it.items[i].metadata)
