@@ -1675,6 +1675,22 @@ static int buf_reserve(Buf *b, size_t more) {
     return 0;
 }
 
+/* an empty buffer given exactly n bytes of room (the caller knows what it will hold) */
+static int buf_presize(Buf *b, size_t n) {
+    if (b->bytes != NULL || n <= b->cap)
+        return buf_reserve(b, n);
+    if (n > (size_t)PY_SSIZE_T_MAX) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n);
+    if (b->bytes == NULL)
+        return -1;
+    b->p = PyBytes_AS_STRING(b->bytes);
+    b->cap = n;
+    return 0;
+}
+
 typedef struct {
     uint64_t id;
     PyObject *metric; /* borrowed */
@@ -2586,6 +2602,20 @@ static PyObject *route_hits(PyObject *module, PyObject *args) {
         if (bufs == NULL || counts == NULL || oldest == NULL) {
             PyErr_NoMemory();
             goto fail;
+        }
+        /* each shard's piece sized once, to what it will hold: growing it by doubling copied a
+           pass-through request's output about twice over (its tag, up to 10 length bytes, the entry) */
+        for (Py_ssize_t i = 0; i < nh; i++) {
+            const Hit *h = &hits[i];
+            const HitDest *d = &dests[i * nd + j];
+            if (d->kind != K_DROP)
+                counts[d->low % (uint64_t)shards] +=
+                    (int64_t)(11 + hit_lb_len(h, d) + (h->rest_end - h->rest_start));
+        }
+        for (Py_ssize_t s = 0; s < shards; s++) {
+            if (counts[s] && buf_presize(&bufs[s], (size_t)counts[s]) < 0)
+                goto fail;
+            counts[s] = 0;
         }
         for (Py_ssize_t i = 0; i < nh; i++) {
             const Hit *h = &hits[i];
