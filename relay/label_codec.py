@@ -167,6 +167,14 @@ def offsets(key: bytes) -> list[int]:
     return out
 
 
+def py_entry_offset(key: bytes, i: int) -> int:
+    """Where entry ``i`` (>= 0) of a canonical key starts, ``len(key)`` past its last: the reference."""
+    if i < 0:
+        raise ValueError(f"entry index must be >= 0, not {i}")
+    offs = offsets(key)
+    return offs[i] if i < len(offs) else len(key)
+
+
 def _py_series_id(label_bytes: bytes, _blake2b: Callable[..., Any] = hashlib.blake2b) -> int:
     """``wire.series_id`` (BLAKE2b-8 of the label bytes, little-endian), one lookup cheaper."""
     return int.from_bytes(_blake2b(label_bytes, digest_size=8).digest(), "little")
@@ -174,3 +182,5 @@ def _py_series_id(label_bytes: bytes, _blake2b: Callable[..., Any] = hashlib.bla
 
 # relay._cwire's BLAKE2b-64 (about twice as fast as hashlib's for a label set) when built
 series_id: Callable[[bytes], int] = _cwire.series_id if _cwire else _py_series_id
+# relay._cwire.entry_offset walks the entry heads in C (a new series' splice point, once per series)
+entry_offset: Callable[[bytes, int], int] = _cwire.entry_offset if _cwire else py_entry_offset

@@ -42,7 +42,7 @@ from relay.labels import METRIC_NAME, Labels
 from relay.limits import AmpLimits, CollisionDetector, amp_violation_named
 from relay.metrics import RelayMetrics
 from relay.queue import DurableQueue, Piece
-from relay.rules import Rules, add_external_labels
+from relay.rules import Rules
 from relay.stage import RULES, DestinationStage, metadata_entries
 from relay.stage import route_hits as _route_hits
 
@@ -195,16 +195,16 @@ class Pipeline:
             base = (labels, names) if metric_in else None
             plain = labels
         else:
-            base = rules.apply_global_named(labels, names)
-            plain = add_external_labels(labels, self._external)
-        splice = self._splice(labels, plain, key) if canonical else None
+            plain, base = rules.global_named(labels, names)
+        if base is None:  # every destination gets a decision (never None): entries line up with the inputs
+            out.extend([RULES] * len(self.stages))
+            return tuple(out)
         identity = rules.destination_identity
-        for i, stage in enumerate(self.stages):
-            # every destination gets a decision (never None), so entries line up with the inputs
-            if base is None:
-                out.append(RULES)
-                continue
-            result = base if identity[i] else rules.apply_destination_named(i, base[0], base[1])
+        results = [base if identity[i] else rules.apply_destination_named(i, base[0], base[1])
+                   for i in range(len(self.stages))]
+        # where the external labels go into the key: only for a series some destination sends
+        splice = self._splice(labels, plain, key) if canonical and results.count(None) < len(results) else None
+        for stage, result in zip(self.stages, results, strict=True):
             out.append(RULES if result is None else
                        stage.decide(key, result[0], result[0] == plain, self._scratch, splice, result[1]))
         return tuple(out)
@@ -220,8 +220,7 @@ class Pipeline:
         i = bisect.bisect_left(labels, ext[0])
         if i < len(labels) and not ext[-1][0] < labels[i][0]:
             return None
-        offsets = label_codec.offsets(key)
-        return offsets[i] if i < len(offsets) else len(key)
+        return label_codec.entry_offset(key, i)
 
     def _labels(self, lb: bytes) -> Labels:
         """Labels of input or output label bytes: decided in this request, else decoded."""

@@ -9,6 +9,8 @@ sample without ``__name__`` ("sample missing metric name") and would fail the wh
 
 from __future__ import annotations
 
+import bisect
+
 from relay.config import Config
 from relay.labels import METRIC_NAME, Labels
 from relay.relabel import RelabelConfig, process, process_traced
@@ -35,6 +37,20 @@ def add_external_labels(labels: Labels, external: Labels) -> Labels:
     if not missing:
         return labels
     return tuple(sorted((*labels, *missing)))
+
+
+def with_external_named(labels: Labels, names: Names, external: Labels) -> tuple[Labels, Names]:
+    """``add_external_labels`` of a decoded label set (sorted, names unique) whose names are ``names``,
+    and the result's names: each missing external label inserted where its name sorts, instead of a
+    set of the names and a sort of the whole set (a new series' cold path runs this once)."""
+    for pair in external:
+        name = pair[0]
+        if name in names:
+            continue
+        i = bisect.bisect_left(names, name)
+        labels = (*labels[:i], pair, *labels[i:])
+        names = (*names[:i], name, *names[i:])
+    return labels, names
 
 
 def prune(labels: Labels, names: frozenset[str]) -> Labels:
@@ -89,12 +105,14 @@ class Rules:
 
     def apply_global_named(self, labels: Labels, names: Names) -> tuple[Labels, Names] | None:
         """``apply_global`` of sorted ``labels`` whose names are ``names``; also the result's names."""
-        if self._external:
-            with_external = add_external_labels(labels, self._external)
-            if with_external is not labels:
-                labels, names = with_external, names_of(with_external)
-        out = self._global_plan.apply(labels, names) if self._global else (labels, names)
-        return None if out is None else _sendable_named(*out)
+        return self.global_named(labels, names)[1]
+
+    def global_named(self, labels: Labels, names: Names) -> tuple[Labels, tuple[Labels, Names] | None]:
+        """(``labels`` with the external labels, ``apply_global_named(labels, names)``): the first is
+        the second's input, computed once for both."""
+        plain, pnames = with_external_named(labels, names, self._external) if self._external else (labels, names)
+        out = self._global_plan.apply(plain, pnames) if self._global else (plain, pnames)
+        return plain, (None if out is None else _sendable_named(*out))
 
     def apply_destination_named(self, index: int, labels: Labels, names: Names) -> tuple[Labels, Names] | None:
         """``apply_destination`` of sorted ``labels`` whose names are ``names``; also the result's names."""

@@ -445,3 +445,29 @@ def test_new_series_of_the_guessed_shape_are_decided_once_each_with_a_decision_t
     py, c = table_outcome(wire._route_loop, [buf], 2), table_outcome(cwire.route_loop, [buf], 2)
     assert c == py
     assert c[1] == keys and c[2] == 50 and c[0][0][0] == ("ok", (50, 50, 0, 0, 50))
+
+
+# ---- entry_offset: a new series' splice point ----------------------------------------------------------
+
+from relay import label_codec  # noqa: E402
+
+_KEY_LABELS = st.dictionaries(st.text(min_size=1, max_size=12), st.text(max_size=40), max_size=10).map(
+    lambda d: wire.encode_labels(sorted(d.items())))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_KEY_LABELS, st.integers(0, 14))
+def test_entry_offset_is_the_references_on_canonical_keys(key: bytes, i: int) -> None:
+    assert cwire.entry_offset(key, i) == label_codec.py_entry_offset(key, i)
+
+
+def test_entry_offset_refuses_what_the_reference_refuses() -> None:
+    key = wire.encode_labels([("a", "1"), ("b", "2")])
+    assert [cwire.entry_offset(key, i) for i in range(4)] == [0, len(key) // 2, len(key), len(key)]
+    with pytest.raises(ValueError, match="entry index must be >= 0"):
+        cwire.entry_offset(key, -1)
+    with pytest.raises(ValueError, match="entry index must be >= 0"):
+        label_codec.py_entry_offset(key, -1)
+    with pytest.raises(TypeError):
+        cwire.entry_offset(bytearray(key), 0)
+    assert cwire.entry_offset(b"\x0a", 1) == 1  # a key cut inside an entry's head: its length, no read past

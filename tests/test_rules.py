@@ -203,3 +203,55 @@ def test_trace_names_the_stage_and_rule_that_dropped_a_series(
     rules = Rules(parse_config(TRACE))
     assert rules.trace(destination, series) == expected
     assert rules.apply(destination, series) == expected[0]
+
+
+# ---- the cold path's external labels: inserted where they sort, once ----------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from relay.rules import with_external_named  # noqa: E402
+
+_NAME = st.sampled_from(["__name__", "a", "cluster", "gpu", "instance", "job", "pod", "zone", "zz", "Z", "_x"])
+_LABELS = st.dictionaries(_NAME, st.text(max_size=3), max_size=8).map(lambda d: tuple(sorted(d.items())))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_LABELS, _LABELS)
+def test_with_external_named_is_add_external_labels_and_names_the_result(labels: Labels, external: Labels) -> None:
+    names = tuple(n for n, _ in labels)
+    got, got_names = with_external_named(labels, names, external)
+    assert got == add_external_labels(labels, external)
+    assert got_names == tuple(n for n, _ in got)
+
+
+@pytest.mark.parametrize(("labels", "external", "want"), [
+    ((), (("cluster", "c"),), (("cluster", "c"),)),  # nothing of its own
+    ((("a", "1"),), (("cluster", "c"),), (("a", "1"), ("cluster", "c"))),  # after the last
+    ((("z", "1"),), (("cluster", "c"),), (("cluster", "c"), ("z", "1"))),  # before the first
+    ((("a", "1"), ("z", "2")), (("m", "x"), ("b", "y")), (("a", "1"), ("b", "y"), ("m", "x"), ("z", "2"))),
+    ((("cluster", "own"),), (("cluster", "ext"),), (("cluster", "own"),)),  # a series' own label wins
+])
+def test_with_external_named_inserts_each_missing_label_where_its_name_sorts(
+        labels: Labels, external: Labels, want: Labels) -> None:
+    got, names = with_external_named(labels, tuple(n for n, _ in labels), external)
+    assert got == want and names == tuple(n for n, _ in want)
+
+
+def test_global_named_gives_the_labels_with_external_and_the_global_result() -> None:
+    rules = Rules(parse_config(textwrap.dedent("""
+        storage: {path: /nonexistent}
+        external_labels: {cluster: prod}
+        global:
+          relabel_configs:
+            - {action: drop, source_labels: [job], regex: drop-me}
+        destinations:
+          - {name: amp, url: "http://127.0.0.1:1/api/v1/write", dry_run: true}
+    """)))
+    labels = (("__name__", "up"), ("job", "keep"))
+    plain, base = rules.global_named(labels, ("__name__", "job"))
+    assert plain == (("__name__", "up"), ("cluster", "prod"), ("job", "keep"))
+    assert base == (plain, ("__name__", "cluster", "job")) == rules.apply_global_named(labels, ("__name__", "job"))
+    dropped = (("__name__", "up"), ("job", "drop-me"))
+    assert rules.global_named(dropped, ("__name__", "job")) == (
+        (("__name__", "up"), ("cluster", "prod"), ("job", "drop-me")), None)

@@ -872,7 +872,33 @@ static PyObject *fallbacks(PyObject *self, PyObject *unused)
     return PyLong_FromSsize_t(n_fallbacks);
 }
 
+/* entry_offset(key, i): where entry i of a canonical key starts (len(key) past its last entry);
+ * label_codec.py_entry_offset is the reference. */
+static PyObject *entry_offset(PyObject *Py_UNUSED(m), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "entry_offset(key: bytes, i: int)");
+        return NULL;
+    }
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    if (i < 0) {
+        PyErr_Format(PyExc_ValueError, "entry index must be >= 0, not %zd", i);
+        return NULL;
+    }
+    const unsigned char *k = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]), p = 0;
+    for (Py_ssize_t e = 0; e < i && p < n; e++) {
+        if (p + 1 >= n) /* (a canonical key never ends inside an entry's head) */
+            return PyLong_FromSsize_t(n);
+        p += 2 + k[p + 1];
+    }
+    return PyLong_FromSsize_t(p < n ? p : n);
+}
+
 static PyMethodDef methods[] = {
+    {"entry_offset", (PyCFunction)(void (*)(void))entry_offset, METH_FASTCALL,
+     "entry_offset(key, i): where entry i of a canonical label key starts (len(key) past the last)."},
     {"route_loop", (PyCFunction)(void (*)(void))route_loop, METH_FASTCALL | METH_KEYWORDS,
      "route_loop(buf, cache, decide, per_dest, metadata): relay.wire._route_loop in C."},
     {"series_id", series_id, METH_O, "series_id(label_bytes): BLAKE2b-64 of the bytes, little-endian."},
