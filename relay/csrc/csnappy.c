@@ -64,6 +64,14 @@ static inline uint32_t le_bytes(const uint8_t *p, unsigned k)
     return v;
 }
 
+/* n bytes (rounded up to 16) in 16-byte moves; the caller checked both ends have that room, and
+ * for a copy within the output that src is at least 16 bytes before dst. */
+static inline void copy16s(uint8_t *dst, const uint8_t *src, size_t n)
+{
+    for (size_t i = 0; i < n; i += 16)
+        memcpy(dst + i, src + i, 16);
+}
+
 /* Copy `len` bytes from `off` back to op: the caller checked 0 < off <= written and len <= room.
  * An overlapping copy (off < len) repeats the last `off` bytes: each memcpy reads only bytes
  * already written (from op - off up to op + done, a whole number of periods) and never overlaps
@@ -108,11 +116,11 @@ static int decode(const uint8_t *ip, const uint8_t *iend, uint8_t *out, size_t l
             if (n > (uint64_t)have || n > (uint64_t)room)
                 return 0;
             size_t ln = (size_t)n;
-            if (ln <= 16 && have >= 16 && room >= 16) {
-                memcpy(op, ip, 16); /* the bytes past ln are written over by later elements */
-            } else {
+            size_t span = (ln + 15) & ~(size_t)15;
+            if (ln <= 64 && have >= span && room >= span)
+                copy16s(op, ip, ln); /* the bytes past ln are written over by later elements */
+            else
                 memcpy(op, ip, ln);
-            }
             op += ln;
             ip += ln;
             continue;
@@ -139,11 +147,11 @@ static int decode(const uint8_t *ip, const uint8_t *iend, uint8_t *out, size_t l
         }
         if (off == 0 || off > (size_t)(op - out) || ln > room)
             return 0;
-        if (off >= 16 && ln <= 16 && room >= 16) {
-            /* 16 bytes from at least 16 back: all written, no overlap; the excess is rewritten */
-            memcpy(op, op - off, 16);
-        } else if (off >= 8 && ln <= 8 && room >= 8) {
-            memcpy(op, op - off, 8);
+        if (off >= 16 && room >= ((ln + 15) & ~(size_t)15)) {
+            /* 16 bytes at a time from at least 16 back: each chunk reads only bytes written before
+             * it (an earlier chunk's, when off < ln) and never its own destination; the excess
+             * past ln stays inside the output and is written over by later elements */
+            copy16s(op, op - off, ln);
         } else {
             copy_back(op, off, ln);
         }
