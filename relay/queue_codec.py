@@ -39,9 +39,6 @@ from collections.abc import Iterable
 
 import snappy
 
-from relay import native
-
-_csnappy = native.load("csnappy")
 MIN_PACK_BYTES = 256  # below this a snappy call costs more than the bytes it saves
 MAX_BLOCK_BYTES = 0xFFFF_FFFF  # the format's uncompressed length is at most 2^32 - 1
 
@@ -62,24 +59,7 @@ def pack(payload: bytes) -> tuple[bytes, int | None]:
 
 
 def unpack(stored: bytes, raw_len: int | None) -> bytes:
-    """The raw payload of a row; CodecError if it does not decompress to exactly raw_len bytes.
-
-    relay._csnappy decodes it when the block is valid and announces exactly raw_len bytes; anything
-    else goes to ``py_unpack``, the reference, which says what is wrong."""
-    if raw_len is None:
-        return stored
-    if _csnappy is not None and 0 <= raw_len <= MAX_BLOCK_BYTES:
-        try:
-            raw: bytes | None = _csnappy.uncompress(stored, raw_len)
-        except ValueError:  # the block announces more than raw_len: the reference's message
-            raw = None
-        if raw is not None and len(raw) == raw_len:
-            return raw
-    return py_unpack(stored, raw_len)
-
-
-def py_unpack(stored: bytes, raw_len: int | None) -> bytes:
-    """The reference: python-snappy (cramjam), whose output is zero-filled, then copied."""
+    """The raw payload of a row; CodecError if it does not decompress to exactly raw_len bytes."""
     if raw_len is None:
         return stored
     try:

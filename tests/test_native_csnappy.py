@@ -19,7 +19,7 @@ import snappy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relay import native, queue_codec, wire
+from relay import native, wire
 from relay.protowire import WireError, encode_uvarint
 
 if native.disabled():
@@ -374,42 +374,3 @@ def test_the_c_decoder_takes_bytes_like_objects_and_nothing_else() -> None:
     assert csnappy.uncompress(memoryview(body), 3) == b"abc"
     with pytest.raises(TypeError):
         csnappy.uncompress("abc", 3)
-
-
-# ---- queue rows ------------------------------------------------------------------------------------
-
-
-def unpacked(stored: bytes, raw_len: int | None, fn: Any) -> tuple[Any, ...]:
-    try:
-        return ("ok", fn(stored, raw_len))
-    except queue_codec.CodecError as e:
-        return ("CodecError", str(e))
-
-
-@SETTINGS
-@given(st.data())
-def test_queue_rows_unpack_as_the_reference_unpacks_them(data: st.DataObject) -> None:
-    raw = data.draw(payloads())
-    stored = bytes(snappy.compress(raw))
-    if data.draw(st.booleans()):
-        stored = mutations(data.draw, stored)
-    raw_len = data.draw(st.sampled_from([len(raw), len(raw), max(0, len(raw) - 1), len(raw) + 1, 0, 2**32]))
-    assert unpacked(stored, raw_len, queue_codec.unpack) == unpacked(stored, raw_len, queue_codec.py_unpack)
-
-
-@pytest.mark.parametrize("body", [
-    b"\x01\xf0\x00\x00",  # 1 length byte, a 1-byte literal: 2 bytes after the tag
-    b"\x01\xf0\x00\x00\x00",  # 3 bytes after the tag: refused, then the trailing byte too
-    b"\x02\xf0\x01ab",
-    b"\x01\xf4\x00\x00\x00",  # 2 length bytes
-])
-def test_a_long_literal_with_under_4_bytes_after_its_tag_is_refused_as_cramjam_refuses_it(body: bytes) -> None:
-    """The spec's bytes are there, but snap reads the length bytes as one 4-byte word and refuses
-    the literal first: C must refuse it too, not decode it."""
-    check(body)
-    assert csnappy.uncompress(body, 100) is None
-
-
-def test_a_long_literal_with_4_bytes_after_its_tag_decodes() -> None:
-    check(b"\x01\xf8\x00\x00\x00x")
-    assert csnappy.uncompress(b"\x01\xf8\x00\x00\x00x", 1) == b"x"
