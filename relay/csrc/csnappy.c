@@ -1,7 +1,7 @@
 /* relay._csnappy: a raw snappy block decoder writing straight into the bytes object it returns.
 
 The reference is python-snappy 0.7's uncompress (cramjam's snappy decoder): relay.wire.decompress
-and relay.queue_codec.unpack call it where this module is absent or declines. It zero-fills its
+calls it where this module is absent or declines (wire.py_decompress). It zero-fills its
 output buffer and copies it into a bytes object afterwards; here the bytes object is allocated
 once, uninitialised, and every output byte is written exactly by the elements (the block must fill
 it exactly), so nothing is cleared or copied twice.
