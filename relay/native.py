@@ -16,7 +16,8 @@ from types import ModuleType
 log = logging.getLogger(__name__)
 
 ENV = "GPU_RELAY_NATIVE"
-MODULES = ("cwire", "cdcache", "crw2", "cstage")  # the extensions the relay's hot paths use (relay/csrc/<name>.c)
+# the extensions the relay's hot paths use (relay/csrc/<name>.c)
+MODULES = ("cwire", "cdcache", "crw2", "cstage", "csnappy")
 _OFF = {"0", "false", "no", "off"}
 _missing: dict[str, str] = {}
 
