@@ -91,7 +91,8 @@ def decompress(body: bytes, max_bytes: int) -> bytes:
     relay._csnappy decodes straight into the bytes it returns; a block it declines (anything not
     valid) goes whole to ``py_decompress``, the reference, which raises the error."""
     if _csnappy is not None and snappy_uncompressed_length(body) <= max_bytes:
-        raw: bytes | None = _csnappy.uncompress(body, max_bytes)
+        # (a block holds at most 2^32 - 1 bytes: a larger limit, even past C's ssize_t, is that one)
+        raw: bytes | None = _csnappy.uncompress(body, min(max_bytes, 0xFFFF_FFFF))
         if raw is not None:
             return raw
     return py_decompress(body, max_bytes)

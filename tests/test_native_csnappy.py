@@ -374,3 +374,10 @@ def test_the_c_decoder_takes_bytes_like_objects_and_nothing_else() -> None:
     assert csnappy.uncompress(memoryview(body), 3) == b"abc"
     with pytest.raises(TypeError):
         csnappy.uncompress("abc", 3)
+
+
+@pytest.mark.parametrize("max_bytes", [1 << 32, 1 << 63, 1 << 64, 10**30])
+def test_a_limit_past_the_formats_4_gib_or_past_ssize_t_decodes_as_the_reference(max_bytes: int) -> None:
+    # review 21:45: a server.max_request_bytes over 2^63 made the C path raise OverflowError (a 503)
+    body = wire.compress(b"abc" * 1000)
+    assert wire.decompress(body, max_bytes) == wire.py_decompress(body, max_bytes) == b"abc" * 1000
