@@ -168,11 +168,19 @@ def offsets(key: bytes) -> list[int]:
 
 
 def py_entry_offset(key: bytes, i: int) -> int:
-    """Where entry ``i`` (>= 0) of a canonical key starts, ``len(key)`` past its last: the reference."""
+    """Where entry ``i`` (>= 0) of a canonical key starts, ``len(key)`` past its last (``offsets(key)[i]``
+    for a canonical key): the reference. On any other bytes it walks the same entry heads as its C
+    twin and stops as it does, at ``len(key)`` where a head is cut off."""
     if i < 0:
         raise ValueError(f"entry index must be >= 0, not {i}")
-    offs = offsets(key)
-    return offs[i] if i < len(offs) else len(key)
+    p, n = 0, len(key)
+    for _ in range(i):
+        if p >= n:
+            break
+        if p + 1 >= n:
+            return n
+        p += 2 + key[p + 1]
+    return p if p < n else n
 
 
 def _py_series_id(label_bytes: bytes, _blake2b: Callable[..., Any] = hashlib.blake2b) -> int:

@@ -471,3 +471,16 @@ def test_entry_offset_refuses_what_the_reference_refuses() -> None:
     with pytest.raises(TypeError):
         cwire.entry_offset(bytearray(key), 0)
     assert cwire.entry_offset(b"\x0a", 1) == 1  # a key cut inside an entry's head: its length, no read past
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64), st.integers(0, 40))
+def test_entry_offset_is_the_references_on_any_bytes(key: bytes, i: int) -> None:
+    assert cwire.entry_offset(key, i) == label_codec.py_entry_offset(key, i)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_KEY_LABELS, st.integers(0, 14))
+def test_the_reference_entry_offset_is_offsets_on_canonical_keys(key: bytes, i: int) -> None:
+    offs = label_codec.offsets(key)
+    assert label_codec.py_entry_offset(key, i) == (offs[i] if i < len(offs) else len(key))
