@@ -73,7 +73,10 @@ def unpack(stored: bytes, raw_len: int | None) -> bytes:
 
 def checksum(stored: bytes, raw_len: int | None) -> int:
     """CRC-32 of a row's stored bytes and its raw_len (a damaged raw_len changes the body too), as a
-    signed 32-bit number (SQLite stores that in 4 bytes, an unsigned one above 2^31 in 6)."""
+    signed 32-bit number (SQLite stores that in 4 bytes, an unsigned one above 2^31 in 6). CodecError
+    for a raw_len no put writes (negative, or past 64 bits: a damaged row)."""
+    if raw_len is not None and not 0 <= raw_len < 1 << 64:
+        raise CodecError(f"stored raw_len {raw_len} is out of range")
     crc = zlib.crc32(b"" if raw_len is None else raw_len.to_bytes(8, "little"), zlib.crc32(stored))
     return crc - (1 << 32) if crc >= 1 << 31 else crc
 

@@ -165,3 +165,18 @@ def test_a_file_with_the_crc_column_opens_again_without_changes(tmp_path: Path) 
     q = DurableQueue(path, 1 << 30)
     assert [e.payload for e in q.peek(0, 10)] == [write_request(1)]
     q.close()
+
+
+@pytest.mark.parametrize("raw_len", [-5, -(1 << 63) + 1, -(1 << 63)])  # the last: peek's NULL marker
+def test_a_row_whose_raw_len_no_put_can_write_is_damaged_not_a_crash(
+        tmp_path: Path, raw_len: int, caplog: pytest.LogCaptureFixture) -> None:
+    # review 21:45: a negative raw_len made checksum's to_bytes raise OverflowError out of peek
+    q = DurableQueue(tmp_path / "q.db", 1 << 30)
+    q.put([(0, write_request(1), 3, 0), (0, write_request(2), 4, 0)])
+    with sqlite3.connect(tmp_path / "q.db") as db:
+        db.execute("UPDATE entries SET raw_len = ? WHERE id = 1", (raw_len,))
+    got = q.peek(0, 100)
+    assert [(e.id, e.samples, e.stored) for e in got][:1] == [(1, 0, b"")]  # handed out empty, logged
+    assert got[1].payload == write_request(2)
+    assert "entry 1 is damaged" in caplog.text
+    q.close()
