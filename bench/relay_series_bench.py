@@ -118,7 +118,11 @@ KPS_RULES = """    write_relabel_configs:
         target_label: team
         replacement: '$1'
 """
-RULE_SETS = (("keep4", KEEP4_RULES), ("passthrough", ""), ("kps", KPS_RULES))
+RULE_SETS = (("keep4", KEEP4_RULES), ("passthrough", ""), ("kps", KPS_RULES), ("keep4+ext", KEEP4_RULES),
+             ("pass+ext", ""))
+# root keys of a rule set's config (in process only): "+ext" is the same rules with external_labels, as
+# almost every Prometheus has (they are added to every series before its destination's rules)
+ROOTS = {"keep4+ext": "external_labels: {cluster: prod}\n", "pass+ext": "external_labels: {cluster: prod}\n"}
 KSM_PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
 
 
@@ -162,8 +166,8 @@ class InProcess:
     route_new_us: float  # Pipeline.route of all-new requests minus the same requests known, per series
 
 
-def _pipeline(rules: str) -> Pipeline:
-    text = f"destinations:\n  - name: sink\n    url: http://127.0.0.1:1/w\n{rules}"
+def _pipeline(rules: str, root: str = "") -> Pipeline:
+    text = f"{root}destinations:\n  - name: sink\n    url: http://127.0.0.1:1/w\n{rules}"
     config = parse_config(text)
     registry = CollectorRegistry()
     cm = CardinalityMetrics(registry)
@@ -186,7 +190,8 @@ def in_process(rules_name: str, rules: str, shape: str, nodes: int, repeats: int
     after: list[float] = []
     route: list[float] = []
     for r in range(repeats):
-        ref, new = _pipeline(rules), _pipeline(rules)
+        root = ROOTS.get(rules_name, "")
+        ref, new = _pipeline(rules, root), _pipeline(rules, root)
         warm = [wire.encode_labels(s) for n in range(WARM_NODE + r * 10, WARM_NODE + r * 10 + 4) for s in make(n)]
         for k in warm:
             new.decide(k)
@@ -196,7 +201,7 @@ def in_process(rules_name: str, rules: str, shape: str, nodes: int, repeats: int
         before.append(_per_series(lambda k, ref=ref, scratch=scratch: ref_decide(ref, k, scratch), keys))
         after.append(_per_series(new.decide, keys))
         # the whole in-process route: a fresh pipeline, all-new requests, then the same known
-        routed = _pipeline(rules)
+        routed = _pipeline(rules, root)
         for q in build_requests([s for n in range(WARM_NODE + 100, WARM_NODE + 104) for s in make(n)], 1):
             routed.route(snappy.uncompress(q))
         reqs = [snappy.uncompress(q) for q in build_requests(

@@ -196,17 +196,18 @@ class Pipeline:
             plain = labels
         else:
             plain, base = rules.global_named(labels, names)
-        if base is None:  # every destination gets a decision (never None): entries line up with the inputs
-            out.extend([RULES] * len(self.stages))
-            return tuple(out)
         identity = rules.destination_identity
-        results = [base if identity[i] else rules.apply_destination_named(i, base[0], base[1])
-                   for i in range(len(self.stages))]
-        # where the external labels go into the key: only for a series some destination sends
-        splice = self._splice(labels, plain, key) if canonical and results.count(None) < len(results) else None
-        for stage, result in zip(self.stages, results, strict=True):
-            out.append(RULES if result is None else
-                       stage.decide(key, result[0], result[0] == plain, self._scratch, splice, result[1]))
+        splice: int | None = None
+        spliced = False  # where the external labels go into the key: only for a series a destination sends
+        for i, stage in enumerate(self.stages):
+            # every destination gets a decision (never None), so entries line up with the inputs
+            result = None if base is None else base if identity[i] else rules.apply_destination_named(i, *base)
+            if result is None:
+                out.append(RULES)
+                continue
+            if not spliced:
+                splice, spliced = (self._splice(labels, plain, key) if canonical else None), True
+            out.append(stage.decide(key, result[0], result[0] == plain, self._scratch, splice, result[1]))
         return tuple(out)
 
     def _splice(self, labels: Labels, plain: Labels, key: bytes) -> int | None:
