@@ -349,7 +349,10 @@ def test_first_sight_bench_measures_both_paths_on_distinct_new_series_and_prints
     assert len(series) == 3 * 8 * 21 and len(set(series)) == len(series)
     assert all(dict(s)["__name__"] and list(s) == sorted(s) for s in series)
     rows = [bench.in_process(name, rules, "ksm", nodes=1, repeats=1) for name, rules in bench.RULE_SETS]
-    assert [r.rules for r in rows] == ["keep4", "passthrough", "kps"]
+    assert [r.rules for r in rows] == ["keep4", "passthrough", "kps", "keep4+ext", "pass+ext"]
+    # the "+ext" sets are the same rules under external_labels (added to every series first)
+    assert bench._pipeline("", bench.ROOTS["pass+ext"]).rules._external == (("cluster", "prod"),)
+    assert bench._pipeline("").rules._external == ()
     assert all(r.series == 8 * 21 and r.before_us > 0 and r.after_us > 0 for r in rows)
     table = bench.in_process_table(rows)
     assert "keep4" in table and "kps" in table and "B per series at 1M" in table
