@@ -34,13 +34,14 @@ part in cyclic GC. Not thread-safe: relay.decision_cache calls it under the pipe
 static uint64_t sip_k0, sip_k1;
 
 #define ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
-#define SIPROUND                                                                                   \
+#define SIPROUND_OF(x0, x1, x2, x3)                                                                \
     do {                                                                                           \
-        v0 += v1; v1 = ROTL(v1, 13); v1 ^= v0; v0 = ROTL(v0, 32);                                  \
-        v2 += v3; v3 = ROTL(v3, 16); v3 ^= v2;                                                     \
-        v0 += v3; v3 = ROTL(v3, 21); v3 ^= v0;                                                     \
-        v2 += v1; v1 = ROTL(v1, 17); v1 ^= v2; v2 = ROTL(v2, 32);                                  \
+        x0 += x1; x1 = ROTL(x1, 13); x1 ^= x0; x0 = ROTL(x0, 32);                                  \
+        x2 += x3; x3 = ROTL(x3, 16); x3 ^= x2;                                                     \
+        x0 += x3; x3 = ROTL(x3, 21); x3 ^= x0;                                                     \
+        x2 += x1; x1 = ROTL(x1, 17); x1 ^= x2; x2 = ROTL(x2, 32);                                  \
     } while (0)
+#define SIPROUND SIPROUND_OF(v0, v1, v2, v3)
 
 static inline uint64_t load_le64(const uint8_t *p) {
     uint64_t v;
@@ -49,6 +50,15 @@ static inline uint64_t load_le64(const uint8_t *p) {
     v = __builtin_bswap64(v);
 #endif
     return v;
+}
+
+/* the last block: the bytes after the whole words, and the length in the top byte */
+static inline uint64_t sip_last(const uint8_t *in, size_t len) {
+    size_t full = len & ~(size_t)7;
+    uint64_t b = (uint64_t)len << 56;
+    for (size_t i = 0; i < (len & 7); i++)
+        b |= (uint64_t)in[full + i] << (8 * i);
+    return b;
 }
 
 /* c compression rounds, d finalization rounds; out128: two words (else one, the 64-bit variant) */
@@ -66,9 +76,7 @@ static inline void siphash(const uint8_t *in, size_t len, uint64_t k0, uint64_t 
             SIPROUND;
         v0 ^= m;
     }
-    uint64_t b = (uint64_t)len << 56;
-    for (size_t i = 0; i < (len & 7); i++)
-        b |= (uint64_t)in[full + i] << (8 * i);
+    uint64_t b = sip_last(in, len);
     v3 ^= b;
     for (int r = 0; r < c; r++)
         SIPROUND;
@@ -92,26 +100,11 @@ static inline void key_hash(const uint8_t *p, size_t n, uint64_t h[2]) {
 /* key_hash of two keys at once, the same function. A SipRound is one chain of dependent adds,
  * rotations and xors: one key leaves most of a core's ALUs idle, two independent chains fill them
  * (issue 9's keep4: the hash was a tenth of the relay's CPU). */
-#define SIPROUND_OF(x0, x1, x2, x3)                                                                \
-    do {                                                                                           \
-        x0 += x1; x1 = ROTL(x1, 13); x1 ^= x0; x0 = ROTL(x0, 32);                                  \
-        x2 += x3; x3 = ROTL(x3, 16); x3 ^= x2;                                                     \
-        x0 += x3; x3 = ROTL(x3, 21); x3 ^= x0;                                                     \
-        x2 += x1; x1 = ROTL(x1, 17); x1 ^= x2; x2 = ROTL(x2, 32);                                  \
-    } while (0)
 #define SIPROUND_AB                                                                                \
     do {                                                                                           \
         SIPROUND_OF(a0, a1, a2, a3);                                                               \
         SIPROUND_OF(b0, b1, b2, b3);                                                               \
     } while (0)
-
-static inline uint64_t sip_last(const uint8_t *in, size_t len) {
-    size_t full = len & ~(size_t)7;
-    uint64_t b = (uint64_t)len << 56;
-    for (size_t i = 0; i < (len & 7); i++)
-        b |= (uint64_t)in[full + i] << (8 * i);
-    return b;
-}
 
 static inline void key_hash2(const uint8_t *pa, size_t na, uint64_t ha[2], const uint8_t *pb, size_t nb,
                              uint64_t hb[2]) {
