@@ -28,6 +28,15 @@ Payloads (relay.queue_codec)
     A consumer waiting for a fuller batch peeks only entries after those it holds
     (``peek(..., after=)``): each row is read once.
 
+Rows handed out from memory (relay.queue_recent)
+    What a commit stored is also kept in memory, per shard, until it is acked or trimmed, as long
+    as memory holds every row the file has for that shard: ``peek`` then hands those out without
+    reading them back (no SQLite read, no page copy, no checksum: the bytes never left memory).
+    A shard whose rows do not all fit in ``memory_bytes`` (a destination that is down, a file
+    opened with rows in it) is read from the file, as before, until it has drained to empty. What
+    a peek returns is the same either way (tests/test_queue_recent.py compares the two); only the
+    file is the truth, and a row is in memory only once it is committed.
+
 Bounded by max_disk (see relay.queue_files for the disk plan)
     Payload plus ENTRY_OVERHEAD_BYTES per entry stays under max_disk, and from 4 MiB on the pages
     of the files too. A put that does not fit deletes the OLDEST entries (any shard) in the same
@@ -62,6 +71,7 @@ from relay import queue_codec
 from relay import queue_files as qf
 from relay import queue_open as qo
 from relay.queue_files import DiskPlan, OpenReport
+from relay.queue_recent import RecentRows
 from relay.queue_state import QueueState
 from relay.queue_types import (
     ENTRY_OVERHEAD_BYTES,
@@ -86,6 +96,7 @@ _ROWS_PER_INSERT = 1000  # 7 values a row: well below SQLite's 32,766 variables 
 # a power of two, so that at most _EXACT_ROWS + 5 shapes are ever prepared, whatever max_shards is.
 _EXACT_ROWS = 32
 _PAGES = "SELECT * FROM pragma_page_count(), pragma_freelist_count()"  # both in one statement
+MEMORY_BYTES = 32 << 20  # committed rows kept in memory for peek, at most (stored bytes)
 
 
 # What a row costs in GIL hand-offs: CPython 3.11's sqlite3 releases the GIL for each row it steps to
@@ -148,6 +159,7 @@ class DurableQueue(QueueState):
         name: str | None = None,
         on_damaged: Callable[[OpenReport], None] | None = None,
         connection_factory: type[sqlite3.Connection] = sqlite3.Connection,
+        memory_bytes: int = MEMORY_BYTES,
     ) -> None:
         if max_disk_bytes <= 0:
             raise QueueError("max_disk_bytes must be positive", max_disk_bytes)
@@ -166,6 +178,7 @@ class DurableQueue(QueueState):
         self._committing = False
         self._mark_at = 0.0
         self._damage_taken = False
+        self._memory_bytes = max(0, memory_bytes)
         self.report = self._open(on_damaged)
 
     def take_damage_report(self) -> OpenReport | None:
@@ -209,6 +222,7 @@ class DurableQueue(QueueState):
         self._entries, self._shard_samples = got.entries, got.shard_samples
         self._samples, self._bytes = got.samples, got.nbytes
         self._put_seq = dict.fromkeys(got.entries, 1)
+        self._recent = RecentRows(self._memory_bytes, uncached=got.entries)  # rows on file: read from it
         if self._last_id != got.last_id:
             self._write_mark()
         self._reserve = qf.make_reserve(self.path, self.plan.reserve_bytes)
@@ -290,6 +304,8 @@ class DurableQueue(QueueState):
         added: dict[int, list[int]] = {}  # shard -> [entries, samples]
         removed: dict[int, list[int]] = {}
         freed_delivered: set[int] = set()
+        cut: list[int] = []  # ids the trim deleted
+        stored_rows: list[tuple[int, tuple[int, bytes, int | None, int, int, int, int]]] = []  # (id, row)
         d_samples = d_bytes = 0
         free_pages: int | None = None
         with self._wlock, contextlib.ExitStack() as readers:
@@ -323,6 +339,7 @@ class DurableQueue(QueueState):
                                                str(self.path))
                         first_id = last - len(rows) + 1 if first_id is None else first_id
                         last_id = last
+                        stored_rows.extend(zip(range(last - len(rows) + 1, last + 1), rows, strict=True))
                     for shard, _stored, _raw_len, _crc, size, samples, _oldest in p.rows:
                         a = added.setdefault(shard, [0, 0])
                         a[0] += 1
@@ -330,10 +347,13 @@ class DurableQueue(QueueState):
                         d_samples += samples
                         d_bytes += size
                     rs, rb, free_pages = self._trim(db, d_bytes, added, removed, first_id or 0, freed_delivered,
-                                                    hold_readers)
+                                                    hold_readers, cut)
                     p.dropped = rs
                     d_bytes -= rb
                 db.execute("COMMIT")
+                if cut:
+                    with self._cond:  # still under the read lock: no peek saw the trimmed rows in memory
+                        self._recent.remove(cut)
                 readers.close()
             except BaseException:
                 self._rollback(db)  # never masks the real error
@@ -344,17 +364,24 @@ class DurableQueue(QueueState):
                 self._samples += d_samples
                 self._bytes += d_bytes
                 self._delivered -= freed_delivered
+                self._removed(removed)
+                if self._recent.max_bytes:  # in memory before the consumers are woken
+                    recent = self._recent
+                    self._recent.add(
+                        Entry(rid, shard, stored, samples, now, oldest, raw_len)
+                        for rid, (shard, stored, raw_len, _crc, _size, samples, oldest) in stored_rows
+                        if recent.cached(shard))
                 self._apply_added(added)
-                self._apply_removed(removed)
                 self._last_id = max(self._last_id, last_id)  # (_apply_added woke the shards' consumers)
             self._maintain(db, free_pages)
 
     def _trim(self, db: sqlite3.Connection, d_bytes: int, added: dict[int, list[int]],
               removed: dict[int, list[int]], first_own: int, freed_delivered: set[int],
-              hold_readers: Callable[[], None]) -> tuple[int, int, int | None]:
+              hold_readers: Callable[[], None], cut_ids: list[int]) -> tuple[int, int, int | None]:
         """Delete the oldest entries until the queue fits; never rows of this commit (id >= first_own)
         nor rows a consumer holds. Returns (samples, bytes) freed, delivered rows not counted, and the
-        database's free pages at the end (None: not read, the queue has no page bound).
+        database's free pages at the end (None: not read, the queue has no page bound); the ids it
+        deleted are appended to ``cut_ids``.
         Held and delivered ids are read under _cond for each chunk: an ack moves an id from one to
         the other atomically, so a row is never counted lost when its sender has it."""
         freed_samples = freed_bytes = 0
@@ -398,6 +425,7 @@ class DurableQueue(QueueState):
                     break
             if cut:
                 db.execute(f"DELETE FROM entries WHERE id IN ({','.join('?' * len(cut))})", cut)
+                cut_ids.extend(cut)
         return freed_samples, freed_bytes, free
 
     def ack(self, ids: Sequence[int]) -> None:
@@ -465,8 +493,16 @@ class DurableQueue(QueueState):
             self._delivered.difference_update(ids)
             self._samples -= sum(r[1] for r in removed.values())
             self._bytes -= d_bytes
-            self._apply_removed(removed)
+            self._recent.remove(ids)
+            self._removed(removed)
         return True
+
+    def _removed(self, removed: dict[int, list[int]]) -> None:
+        """Under _cond: rows deleted from the file; a shard left with none is held in memory again."""
+        self._apply_removed(removed)
+        for shard in removed:
+            if shard not in self._entries:
+                self._recent.drained(shard)
 
     def _rollback(self, db: sqlite3.Connection) -> None:
         """After a failed write; never raises, never masks the real error. A connection stuck in a
@@ -503,7 +539,8 @@ class DurableQueue(QueueState):
         max_samples and max_entries MORE (none if the next one does not fit), held together with
         those it already holds. A consumer waiting for a fuller batch so reads each entry once."""
         if after > 0:
-            return self._read(shard, "shard = ? AND id > ?", (shard, after), max_samples, max_entries, extend=True)
+            return self._read(shard, "shard = ? AND id > ?", (shard, after), max_samples, max_entries, extend=True,
+                              after=after)
         return self._read(shard, "shard = ?", (shard,), max_samples, max_entries)
 
     def peek_upto(self, max_id: int, max_samples: int, max_entries: int = 1000) -> list[Entry]:
@@ -512,7 +549,7 @@ class DurableQueue(QueueState):
         return self._read(-1, "id <= ?", (max_id,), max_samples, max_entries)
 
     def _read(self, key: int, where: str, args: tuple[int, ...], max_samples: int, max_entries: int,
-              extend: bool = False) -> list[Entry]:
+              extend: bool = False, after: int = 0) -> list[Entry]:
         if extend and (max_entries <= 0 or max_samples < 0):
             return []
         with self._cond:
@@ -524,6 +561,19 @@ class DurableQueue(QueueState):
         out: list[Entry] = []
         total = 0
         with self._rlock:
+            with self._cond:
+                rows = self._recent.rows(key) if key >= 0 else None
+                if rows is not None:  # every row of the shard is in memory: the same selection, no read
+                    delivered = self._delivered
+                    for e in rows:
+                        if e.id <= after or e.id in delivered:
+                            continue
+                        if (out or extend) and (total + e.samples > max_samples or len(out) >= max_entries):
+                            break
+                        out.append(e)
+                        total += e.samples
+                    self._hold(key, out, extend)
+                    return out
             cur = self._rdb.execute(
                 f"SELECT {_PEEK_COLUMNS} FROM entries WHERE {where} ORDER BY id LIMIT ?",
                 (*args, max(1, max_entries) + len(skip)))
@@ -537,11 +587,14 @@ class DurableQueue(QueueState):
                 total += samples
             cur.close()
             with self._cond:  # still under the read lock: a trimming commit sees it (see _commit)
-                if extend:
-                    self._held.setdefault(key, set()).update(e.id for e in out)
-                else:
-                    self._held[key] = {e.id for e in out}
+                self._hold(key, out, extend)
         return out
+
+    def _hold(self, key: int, out: list[Entry], extend: bool) -> None:
+        if extend:
+            self._held.setdefault(key, set()).update(e.id for e in out)
+        else:
+            self._held[key] = {e.id for e in out}
 
     def _entry(self, rid: int, shard: int, stored: bytes, raw_len: int | None, crc: int | None, samples: int,
                enqueued_at: float, oldest: int) -> Entry:
@@ -589,6 +642,7 @@ class DurableQueue(QueueState):
             self._flush_delivered(self._wdb)
             with self._cond:
                 self._closed = True
+                self._recent.clear()
                 self._wake_all()
             self._write_mark()
         with self._wlock, self._rlock:

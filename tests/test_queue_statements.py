@@ -49,7 +49,8 @@ def test_a_chunked_put_that_must_trim_never_deletes_its_own_first_chunk(tmp_path
 
 
 def test_peek_reads_back_every_integer_exactly_nulls_negatives_and_64_bit_values(tmp_path: Path) -> None:
-    q = DurableQueue(tmp_path / "q.db", 1 << 30, clock=lambda: 1733083200.123456789)
+    # the file is edited under it: read its rows from the file, not memory
+    q = DurableQueue(tmp_path / "q.db", 1 << 30, clock=lambda: 1733083200.123456789, memory_bytes=0)
     q.put([(3, b"raw", 2**40, -5), (3, b"r" * 3000, 7, -(2**62))])  # tiny: stored raw; long: compressed
     with sqlite3.connect(tmp_path / "q.db") as db:  # a row as files from before checksums hold it
         db.execute("INSERT INTO entries (shard, samples, enqueued_at, payload, oldest_ts) "

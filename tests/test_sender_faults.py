@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from relay import rwsplit
 from relay.metrics import RelayMetrics
 from relay.proto import remote_v1_pb2
-from relay.queue import DurableQueue
+from relay.queue import MEMORY_BYTES, DurableQueue
 from relay.ratelog import RateLimitedLog
 from relay.sender import Sender, SenderSettings, parse_retry_after, written_count
 from relay.transport import Response
@@ -109,9 +109,9 @@ def rigs() -> Iterator[list[Rig]]:
 
 
 def rig(tmp_path: Path, rigs: list[Rig], answer: object = None, clock: Clock | None = None,
-        **settings: float) -> Rig:
+        memory_bytes: int = MEMORY_BYTES, **settings: float) -> Rig:
     c = clock or Clock()
-    queue = DurableQueue(tmp_path / "amp.queue.db", 64 << 20, clock=c)
+    queue = DurableQueue(tmp_path / "amp.queue.db", 64 << 20, clock=c, memory_bytes=memory_bytes)
     transport = Recorder(answer)
     metrics = RelayMetrics(CollectorRegistry())
     s = SenderSettings(**{"max_samples_per_send": 1000, "batch_send_deadline": 0.02, "min_backoff": 0.001,
