@@ -290,6 +290,10 @@ class DurableQueue(QueueState):
                 for p in batch:
                     p.done = True
                 self._cond.notify_all()
+                # acks that came in during the commit, and no commit after it to write them: now
+                acks_left = bool(self._delivered) and not self._pending and not self._closed
+            if acks_left:
+                self._write_acks()
         return self._result(me)
 
     @staticmethod
@@ -310,7 +314,8 @@ class DurableQueue(QueueState):
         free_pages: int | None = None
         with self._wlock, contextlib.ExitStack() as readers:
             db = self._wdb
-            self._flush_delivered(db)
+            with self._cond:
+                acked = list(self._delivered)
             holding: list[bool] = []
 
             def hold_readers() -> None:
@@ -322,6 +327,9 @@ class DurableQueue(QueueState):
 
             try:
                 db.execute("BEGIN IMMEDIATE")
+                if acked:  # the acks since the last write go in the same transaction
+                    acked, d_bytes = self._delete_acked(db, acked, removed)
+                    d_bytes = -d_bytes
                 first_id: int | None = None
                 last_id = 0
                 for p in batch:
@@ -364,6 +372,8 @@ class DurableQueue(QueueState):
                 self._samples += d_samples
                 self._bytes += d_bytes
                 self._delivered -= freed_delivered
+                self._delivered.difference_update(acked)
+                self._recent.remove(acked)
                 self._removed(removed)
                 if self._recent.max_bytes:  # in memory before the consumers are woken
                     recent = self._recent
@@ -430,13 +440,24 @@ class DurableQueue(QueueState):
 
     def ack(self, ids: Sequence[int]) -> None:
         """Delete entries (sent, or dropped by the sender). Unknown ids are ignored. Never raises for
-        a storage failure: the ids are kept and the delete retried; they are not handed out again."""
+        a storage failure: the ids are kept and the delete retried; they are not handed out again.
+
+        While a put is being committed the delete is left to it: that commit, or the next one if it
+        read the acks before these came in (its put then writes them on its own, when no other put
+        waits), deletes them in its own transaction. So an ack costs no transaction of its own under
+        load; it is on file once the put is, and never handed out again from the moment it returns."""
         with self._cond:
             if self._closed:
                 return
             self._delivered.update(ids)
             for held in self._held.values():
                 held.difference_update(ids)
+            if self._committing or self._pending:
+                return
+        self._write_acks()
+
+    def _write_acks(self) -> None:
+        """The acks not yet written, in a transaction of their own."""
         with self._wlock:
             if self._closed:
                 return
@@ -459,6 +480,44 @@ class DurableQueue(QueueState):
                 self._wdb.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return released
 
+    def _delete_acked(self, db: sqlite3.Connection, ids: list[int],
+                      removed: dict[int, list[int]]) -> tuple[list[int], int]:
+        """In a put's transaction: delete acked rows, under a savepoint (a failure leaves them for the
+        next write, not fails the put). Returns (ids deleted, their bytes); their counts go to
+        ``removed``."""
+        try:
+            db.execute("SAVEPOINT acks")
+            got: dict[int, list[int]] = {}
+            nbytes = self._delete_ids(db, ids, got)
+            db.execute("RELEASE acks")
+        except sqlite3.Error as e:
+            db.execute("ROLLBACK TO acks")  # if this fails too, so does the put: no half-done delete stays
+            db.execute("RELEASE acks")
+            log.debug("queue %s: ack of %d entries not written yet (%s); will retry", self.name, len(ids), e)
+            return [], 0
+        for shard, (n, samples) in got.items():
+            r = removed.setdefault(shard, [0, 0])
+            r[0] += n
+            r[1] += samples
+        return ids, nbytes
+
+    @staticmethod
+    def _delete_ids(db: sqlite3.Connection, ids: list[int], removed: dict[int, list[int]]) -> int:
+        """DELETE the rows; their (entries, samples) per shard added to ``removed``; returns their bytes."""
+        d_bytes = 0
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            where = f"WHERE id IN ({','.join('?' * len(chunk))})"
+            for shard, count, samples, nbytes in db.execute(  # a row a shard, not one per entry
+                    f"SELECT shard, COUNT(*), SUM(samples), SUM({qo.SIZE}) FROM entries {where} "
+                    "GROUP BY shard", chunk).fetchall():
+                r = removed.setdefault(shard, [0, 0])
+                r[0] += count
+                r[1] += samples
+                d_bytes += nbytes
+            db.execute(f"DELETE FROM entries {where}", chunk)
+        return d_bytes
+
     def _flush_delivered(self, db: sqlite3.Connection) -> bool:
         """Write the deletes of acked entries. True if done (or nothing to do)."""
         with self._cond:
@@ -470,17 +529,7 @@ class DurableQueue(QueueState):
         try:
             db.execute("PRAGMA synchronous=NORMAL")  # losing an ack on a crash only resends
             db.execute("BEGIN IMMEDIATE")
-            for i in range(0, len(ids), 500):
-                chunk = ids[i : i + 500]
-                where = f"WHERE id IN ({','.join('?' * len(chunk))})"
-                for shard, count, samples, nbytes in db.execute(  # a row a shard, not one per entry
-                        f"SELECT shard, COUNT(*), SUM(samples), SUM({qo.SIZE}) FROM entries {where} "
-                        "GROUP BY shard", chunk).fetchall():
-                    r = removed.setdefault(shard, [0, 0])
-                    r[0] += count
-                    r[1] += samples
-                    d_bytes += nbytes
-                db.execute(f"DELETE FROM entries {where}", chunk)
+            d_bytes = self._delete_ids(db, ids, removed)
             db.execute("COMMIT")
         except sqlite3.Error as e:
             self._rollback(db)

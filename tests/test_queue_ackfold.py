@@ -1,0 +1,217 @@
+"""Acks written by the put's transaction (issue 9): an ack that comes in while a put is committed
+costs no transaction of its own, waits for nothing, is never handed out again, and is on file once
+that put (or the one after it) is; every failure of that path leaves the acks to be written later."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from relay.queue import DurableQueue, StorageError
+
+
+class Gate(sqlite3.Connection):
+    """A real connection that records its statements; a COMMIT waits on ``hold`` while it is set
+    (a slow fsync); ``fail`` makes statements containing it fail like a full disk."""
+
+    log: list[str] = []
+    hold: threading.Event | None = None
+    entered = threading.Event()
+    fail: str | None = None
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+        if Gate.fail is not None and Gate.fail in sql:
+            raise sqlite3.OperationalError("database or disk is full")
+        Gate.log.append(sql.split(" ", 2)[0] if not sql.startswith("SAVEPOINT") else sql)
+        if sql == "COMMIT" and Gate.hold is not None:
+            Gate.entered.set()
+            Gate.hold.wait(10)
+        return super().execute(sql, *args)
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    Gate.log, Gate.hold, Gate.fail = [], None, None
+    Gate.entered = threading.Event()
+
+
+def rows_on_file(path: Path) -> list[bytes]:
+    with sqlite3.connect(path) as db:
+        return [bytes(r[0]) for r in db.execute("SELECT CAST(payload AS BLOB) FROM entries ORDER BY id")]
+
+
+def wait_pending(q: DurableQueue) -> None:
+    deadline = time.monotonic() + 5
+    while not q._pending:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+
+
+def slow_put(q: DurableQueue, pieces: list[tuple[int, bytes, int, int]]) -> tuple[threading.Thread, threading.Event]:
+    """A put whose COMMIT waits until the returned event is set."""
+    release = threading.Event()
+    Gate.hold, Gate.entered = release, threading.Event()
+    t = threading.Thread(target=q.put, args=(pieces,))
+    t.start()
+    assert Gate.entered.wait(5)
+    return t, release
+
+
+def test_an_ack_during_a_commit_waits_for_nothing_and_the_next_put_writes_it(tmp_path: Path) -> None:
+    q = DurableQueue(tmp_path / "q.db", 1 << 30, durability="normal", connection_factory=Gate)
+    q.put([(0, b"a", 1, 0), (0, b"b", 1, 0)])
+    held = q.peek(0, 10)
+    t, release = slow_put(q, [(1, b"c", 1, 0)])
+    second = threading.Thread(target=q.put, args=([(1, b"d", 1, 0)],))
+    second.start()  # waits behind the commit under way
+    wait_pending(q)
+    started = time.monotonic()
+    q.ack([e.id for e in held])
+    assert time.monotonic() - started < 1  # did not wait for the write lock the commit holds
+    assert q.peek(0, 10) == []  # never handed out again
+    Gate.log = []
+    Gate.hold = None
+    release.set()
+    t.join(5)
+    second.join(5)
+    # the second put's transaction deleted them: no transaction of the ack's own
+    assert Gate.log.count("BEGIN") == 1 and "SAVEPOINT acks" in Gate.log
+    assert Gate.log.index("DELETE") < Gate.log.index("INSERT") < Gate.log.index("COMMIT")
+    assert rows_on_file(tmp_path / "q.db") == [b"c", b"d"]
+    assert q.depth() == (2, 2) and q.backlog(0) == (0, 0)
+    q.close()
+
+
+def test_an_ack_during_the_last_commit_is_written_before_that_put_returns(tmp_path: Path) -> None:
+    q = DurableQueue(tmp_path / "q.db", 1 << 30, durability="normal", connection_factory=Gate)
+    q.put([(0, b"a", 1, 0)])
+    held = q.peek(0, 10)
+    t, release = slow_put(q, [(0, b"b", 1, 0)])
+    q.ack([e.id for e in held])
+    Gate.hold = None
+    release.set()
+    t.join(5)
+    assert not t.is_alive()
+    assert rows_on_file(tmp_path / "q.db") == [b"b"]
+    assert q.depth() == (1, 1) and q.backlog(0) == (1, 1)
+    q.close()
+
+
+def test_an_ack_with_no_commit_under_way_is_written_at_once(tmp_path: Path) -> None:
+    q = DurableQueue(tmp_path / "q.db", 1 << 30, connection_factory=Gate)
+    q.put([(0, b"a", 1, 0)])
+    q.ack([e.id for e in q.peek(0, 10)])
+    assert rows_on_file(tmp_path / "q.db") == [] and q.depth() == (0, 0)
+    q.close()
+
+
+def test_a_delete_that_fails_in_a_puts_transaction_fails_not_the_put_and_is_retried(tmp_path: Path) -> None:
+    q = DurableQueue(tmp_path / "q.db", 1 << 30, connection_factory=Gate)
+    q.put([(0, b"a", 1, 0), (0, b"b", 1, 0)])
+    held = q.peek(0, 1)
+    t, release = slow_put(q, [(0, b"c", 1, 0)])
+    second = threading.Thread(target=q.put, args=([(0, b"d", 1, 0)],))
+    second.start()
+    wait_pending(q)
+    q.ack([e.id for e in held])
+    Gate.hold, Gate.fail = None, "DELETE"
+    release.set()
+    t.join(5)
+    second.join(5)
+    assert rows_on_file(tmp_path / "q.db") == [b"a", b"b", b"c", b"d"]  # the put went in; the ack did not
+    assert [e.payload for e in q.peek(0, 10)] == [b"b", b"c", b"d"]  # a is still never handed out again
+    Gate.fail = None
+    q.put([(1, b"e", 1, 0)])  # the next write deletes it
+    assert rows_on_file(tmp_path / "q.db") == [b"b", b"c", b"d", b"e"] and q.depth() == (4, 4)
+    q.close()
+
+
+def test_acks_read_by_a_put_that_fails_stay_to_be_written_and_are_not_handed_out(tmp_path: Path) -> None:
+    q = DurableQueue(tmp_path / "q.db", 1 << 30, connection_factory=Gate)
+    q.put([(0, b"a", 1, 0), (0, b"b", 1, 0)])
+    held = q.peek(0, 1)
+    t, release = slow_put(q, [(0, b"c", 1, 0)])
+    errors: list[BaseException] = []
+    second = threading.Thread(target=_catch, args=(errors, q.put, [(0, b"lost", 1, 0)]))
+    second.start()
+    wait_pending(q)
+    q.ack([e.id for e in held])
+    Gate.hold, Gate.fail = None, "INSERT"
+    release.set()
+    t.join(5)
+    second.join(5)
+    assert [type(e) for e in errors] == [StorageError]
+    Gate.fail = None
+    assert [e.payload for e in q.peek(0, 10)] == [b"b", b"c"]
+    q.put([(1, b"e", 1, 0)])
+    assert rows_on_file(tmp_path / "q.db") == [b"b", b"c", b"e"] and q.depth() == (3, 3)
+    q.close()
+
+
+def _catch(errors: list[BaseException], f: Any, *args: Any) -> None:
+    try:
+        f(*args)
+    except BaseException as e:
+        errors.append(e)
+
+
+def test_many_putters_and_ackers_leave_exactly_the_unacked_rows_on_file_and_in_the_counts(tmp_path: Path) -> None:
+    q = DurableQueue(tmp_path / "q.db", 1 << 30, durability="normal")
+    put_ids: list[bytes] = []
+    acked: set[bytes] = set()
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def putter(k: int) -> None:
+        rng = random.Random(k)
+        for i in range(150):
+            pieces = [(rng.randrange(3), f"{k}-{i}-{j}".encode(), 1, 0) for j in range(rng.randrange(1, 4))]
+            q.put(pieces)
+            with lock:
+                put_ids.extend(p[1] for p in pieces)
+
+    def consumer(shard: int) -> None:
+        rng = random.Random(100 + shard)
+        while not stop.is_set() or q.backlog(shard)[0]:
+            got = q.peek(shard, rng.randrange(1, 8))
+            if not got:
+                q.wait(shard, 0.01)
+                continue
+            keep = got[: rng.randrange(len(got) + 1)]
+            with lock:
+                assert not acked & {e.payload for e in keep}  # never handed out once acked
+                acked.update(e.payload for e in keep)
+            q.ack([e.id for e in keep])
+            if stop.is_set() and not keep:
+                q.ack([e.id for e in got])
+                with lock:
+                    acked.update(e.payload for e in got)
+
+    putters = [threading.Thread(target=putter, args=(k,)) for k in range(4)]
+    consumers = [threading.Thread(target=consumer, args=(s,)) for s in range(3)]
+    for t in putters + consumers:
+        t.start()
+    for t in putters:
+        t.join(60)
+    stop.set()
+    for t in consumers:
+        t.join(60)
+    assert sorted(acked) == sorted(put_ids) and q.depth() == (0, 0)
+    q.close()
+    assert rows_on_file(tmp_path / "q.db") == []
+
+
+def test_acks_left_in_memory_at_close_are_written_by_close(tmp_path: Path) -> None:
+    q = DurableQueue(tmp_path / "q.db", 1 << 30, connection_factory=Gate)
+    q.put([(0, b"a", 1, 0), (0, b"b", 1, 0)])
+    Gate.fail = "DELETE"
+    q.ack([e.id for e in q.peek(0, 1)])  # not written yet
+    Gate.fail = None
+    q.close()
+    assert rows_on_file(tmp_path / "q.db") == [b"b"]
