@@ -71,6 +71,7 @@ from relay import queue_codec
 from relay import queue_files as qf
 from relay import queue_open as qo
 from relay.queue_files import DiskPlan, OpenReport
+from relay.queue_pages import PageBounds
 from relay.queue_recent import RecentRows
 from relay.queue_state import QueueState
 from relay.queue_types import (
@@ -223,6 +224,7 @@ class DurableQueue(QueueState):
         self._samples, self._bytes = got.samples, got.nbytes
         self._put_seq = dict.fromkeys(got.entries, 1)
         self._recent = RecentRows(self._memory_bytes, uncached=got.entries)  # rows on file: read from it
+        self._pages = PageBounds()
         if self._last_id != got.last_id:
             self._write_mark()
         self._reserve = qf.make_reserve(self.path, self.plan.reserve_bytes)
@@ -347,6 +349,7 @@ class DurableQueue(QueueState):
                                                str(self.path))
                         first_id = last - len(rows) + 1 if first_id is None else first_id
                         last_id = last
+                        self._pages.inserted(sum(len(r[1]) for r in rows), len(rows))
                         stored_rows.extend(zip(range(last - len(rows) + 1, last + 1), rows, strict=True))
                     for shard, _stored, _raw_len, _crc, size, samples, _oldest in p.rows:
                         a = added.setdefault(shard, [0, 0])
@@ -403,8 +406,9 @@ class DurableQueue(QueueState):
                     r[0] for r in removed.values())
                 used = self._bytes + d_bytes - freed_bytes + ENTRY_OVERHEAD_BYTES * entries
             excess = used - self.max_disk_bytes
-            if self.plan.db_pages is not None:
+            if self.plan.db_pages is not None and (after or excess > 0 or not self._pages.fits(self.plan.db_pages)):
                 pages, free = db.execute(_PAGES).fetchone()
+                self._pages.read(pages, free)
                 excess = max(excess, (pages - free - self.plan.db_pages) * qf.PAGE_SIZE)
             if excess <= 0:
                 break
@@ -436,6 +440,8 @@ class DurableQueue(QueueState):
             if cut:
                 db.execute(f"DELETE FROM entries WHERE id IN ({','.join('?' * len(cut))})", cut)
                 cut_ids.extend(cut)
+                gone = set(cut)
+                self._pages.deleted(sum(nb for rid, _, _, nb in rows if rid in gone), len(cut))
         return freed_samples, freed_bytes, free
 
     def ack(self, ids: Sequence[int]) -> None:
@@ -482,40 +488,69 @@ class DurableQueue(QueueState):
 
     def _delete_acked(self, db: sqlite3.Connection, ids: list[int],
                       removed: dict[int, list[int]]) -> tuple[list[int], int]:
-        """In a put's transaction: delete acked rows, under a savepoint (a failure leaves them for the
-        next write, not fails the put). Returns (ids deleted, their bytes); their counts go to
-        ``removed``."""
+        """In a put's transaction: delete acked rows. A chunk whose DELETE fails is undone by SQLite
+        (a statement is atomic) and left, with the ones after it, for the next write; so is
+        everything if the failure ended the transaction (then a new one is begun for the put).
+        Returns (ids deleted, their bytes); their counts go to ``removed``."""
+        done: list[int] = []
+        nbytes = 0
+        got: dict[int, list[int]] = {}
         try:
-            db.execute("SAVEPOINT acks")
-            got: dict[int, list[int]] = {}
-            nbytes = self._delete_ids(db, ids, got)
-            db.execute("RELEASE acks")
+            for chunk in self._chunks(ids):
+                nbytes += self._delete_chunk(db, chunk, got)
+                done += chunk
         except sqlite3.Error as e:
-            db.execute("ROLLBACK TO acks")  # if this fails too, so does the put: no half-done delete stays
-            db.execute("RELEASE acks")
             log.debug("queue %s: ack of %d entries not written yet (%s); will retry", self.name, len(ids), e)
-            return [], 0
+            if not db.in_transaction:  # SQLite rolled the whole transaction back (full disk, I/O error)
+                db.execute("BEGIN IMMEDIATE")
+                return [], 0
         for shard, (n, samples) in got.items():
             r = removed.setdefault(shard, [0, 0])
             r[0] += n
             r[1] += samples
-        return ids, nbytes
+        return done, nbytes
 
     @staticmethod
-    def _delete_ids(db: sqlite3.Connection, ids: list[int], removed: dict[int, list[int]]) -> int:
+    def _chunks(ids: list[int]) -> list[list[int]]:
+        return [ids[i : i + 500] for i in range(0, len(ids), 500)]
+
+    def _delete_ids(self, db: sqlite3.Connection, ids: list[int], removed: dict[int, list[int]]) -> int:
         """DELETE the rows; their (entries, samples) per shard added to ``removed``; returns their bytes."""
+        return sum(self._delete_chunk(db, chunk, removed) for chunk in self._chunks(ids))
+
+    def _delete_chunk(self, db: sqlite3.Connection, ids: list[int], removed: dict[int, list[int]]) -> int:
+        """One DELETE of up to 500 rows; counts added to ``removed`` only once it succeeded. A row held in
+        memory is counted from there (it is on file: memory drops a row in the same step as its delete);
+        only the others are counted by a SELECT (a row a shard), those not on file not at all."""
+        counts: dict[int, list[int]] = {}
         d_bytes = 0
-        for i in range(0, len(ids), 500):
-            chunk = ids[i : i + 500]
-            where = f"WHERE id IN ({','.join('?' * len(chunk))})"
-            for shard, count, samples, nbytes in db.execute(  # a row a shard, not one per entry
-                    f"SELECT shard, COUNT(*), SUM(samples), SUM({qo.SIZE}) FROM entries {where} "
-                    "GROUP BY shard", chunk).fetchall():
-                r = removed.setdefault(shard, [0, 0])
-                r[0] += count
-                r[1] += samples
+        unknown: list[int] = []
+        get = self._recent.get
+        for rid in ids:
+            e = get(rid)
+            if e is None:
+                unknown.append(rid)
+                continue
+            c = counts.get(e.shard)
+            if c is None:
+                c = counts[e.shard] = [0, 0]
+            c[0] += 1
+            c[1] += e.samples
+            d_bytes += len(e.stored) if e.raw_len is None else e.raw_len
+        if unknown:
+            for shard, count, samples, nbytes in db.execute(
+                    f"SELECT shard, COUNT(*), SUM(samples), SUM({qo.SIZE}) FROM entries "
+                    f"WHERE id IN ({','.join('?' * len(unknown))}) GROUP BY shard", unknown).fetchall():
+                c = counts.setdefault(shard, [0, 0])
+                c[0] += count
+                c[1] += samples
                 d_bytes += nbytes
-            db.execute(f"DELETE FROM entries {where}", chunk)
+        db.execute(f"DELETE FROM entries WHERE id IN ({','.join('?' * len(ids))})", ids)
+        self._pages.deleted(d_bytes, sum(c[0] for c in counts.values()))
+        for shard, (n, samples) in counts.items():
+            r = removed.setdefault(shard, [0, 0])
+            r[0] += n
+            r[1] += samples
         return d_bytes
 
     def _flush_delivered(self, db: sqlite3.Connection) -> bool:
@@ -565,8 +600,10 @@ class DurableQueue(QueueState):
         """After a commit: give free pages back, keep the WAL small, refresh the mark. Best effort:
         the data is already committed, so a failure here is not the caller's. ``free_pages``: the
         free pages the commit's transaction last read (saves reading them again)."""
+        if free_pages is None and self._pages.free_below(self.plan.vacuum_pages):
+            free_pages = self._pages.free  # cannot have reached the count that is given back: not read
         try:
-            qo.upkeep(db, self.path, self.plan, self._rlock, free_pages)
+            self._pages.set_free(qo.upkeep(db, self.path, self.plan, self._rlock, free_pages))
         except (sqlite3.Error, OSError) as e:
             log.debug("queue %s: maintenance skipped: %s", self.name, e)
         now = time.monotonic()

@@ -213,13 +213,16 @@ def rollback(db: sqlite3.Connection) -> bool:
 
 
 def upkeep(db: sqlite3.Connection, path: Path, plan: DiskPlan, rlock: threading.Lock,
-           free: int | None = None) -> None:
+           free: int | None = None) -> int:
     """After a commit: give free pages back to the volume, truncate a WAL past 3/4 of its allowance
-    (holding the read lock, so no reader of ours pins it). Raises sqlite3.Error or OSError."""
+    (holding the read lock, so no reader of ours pins it). ``free``: the free pages if known (or an
+    upper bound). Returns the free pages after it (0 once given back). Raises sqlite3.Error or OSError."""
     if free is None:
         (free,) = db.execute("PRAGMA freelist_count").fetchone()
     if free >= plan.vacuum_pages:
         db.executescript("PRAGMA incremental_vacuum;")  # execute() would free one page only
+        free = 0
     if os.stat(f"{path}-wal").st_size > plan.wal_bytes * 3 // 4:
         with rlock:
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return free

@@ -33,6 +33,11 @@ class RecentRows:
         got = self._rows.get(shard)
         return got.values() if got is not None else _EMPTY
 
+    def get(self, rid: int) -> Entry | None:
+        """The row with this id, if it is held here."""
+        shard = self._shard_of.get(rid)
+        return None if shard is None else self._rows[shard][rid]
+
     def cached(self, shard: int) -> bool:
         return bool(self.max_bytes) and shard not in self._uncached
 

@@ -24,11 +24,14 @@ class Gate(sqlite3.Connection):
     hold: threading.Event | None = None
     entered = threading.Event()
     fail: str | None = None
+    rolls_back = False  # a failure SQLite answers by rolling the whole transaction back
 
     def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
         if Gate.fail is not None and Gate.fail in sql:
+            if Gate.rolls_back and self.in_transaction:
+                super().execute("ROLLBACK")
             raise sqlite3.OperationalError("database or disk is full")
-        Gate.log.append(sql.split(" ", 2)[0] if not sql.startswith("SAVEPOINT") else sql)
+        Gate.log.append(" ".join(sql.split()[:3]))
         if sql == "COMMIT" and Gate.hold is not None:
             Gate.entered.set()
             Gate.hold.wait(10)
@@ -37,7 +40,7 @@ class Gate(sqlite3.Connection):
 
 @pytest.fixture(autouse=True)
 def _reset() -> None:
-    Gate.log, Gate.hold, Gate.fail = [], None, None
+    Gate.log, Gate.hold, Gate.fail, Gate.rolls_back = [], None, None, False
     Gate.entered = threading.Event()
 
 
@@ -80,9 +83,13 @@ def test_an_ack_during_a_commit_waits_for_nothing_and_the_next_put_writes_it(tmp
     release.set()
     t.join(5)
     second.join(5)
-    # the second put's transaction deleted them: no transaction of the ack's own
-    assert Gate.log.count("BEGIN") == 1 and "SAVEPOINT acks" in Gate.log
-    assert Gate.log.index("DELETE") < Gate.log.index("INSERT") < Gate.log.index("COMMIT")
+    # the second put's transaction deleted them: no transaction of the ack's own, and no read of
+    # what they held (counted from memory)
+    assert Gate.log.count("BEGIN IMMEDIATE") == 1
+    assert [x for x in Gate.log if x.startswith("SELECT shard")] == []
+    delete = next(i for i, x in enumerate(Gate.log) if x.startswith("DELETE"))
+    insert = next(i for i, x in enumerate(Gate.log) if x.startswith("INSERT"))
+    assert Gate.log.index("BEGIN IMMEDIATE") < delete < insert < Gate.log.index("COMMIT")
     assert rows_on_file(tmp_path / "q.db") == [b"c", b"d"]
     assert q.depth() == (2, 2) and q.backlog(0) == (0, 0)
     q.close()
@@ -129,6 +136,43 @@ def test_a_delete_that_fails_in_a_puts_transaction_fails_not_the_put_and_is_retr
     Gate.fail = None
     q.put([(1, b"e", 1, 0)])  # the next write deletes it
     assert rows_on_file(tmp_path / "q.db") == [b"b", b"c", b"d", b"e"] and q.depth() == (4, 4)
+    q.close()
+
+
+def test_a_delete_whose_failure_ended_the_transaction_leaves_the_acks_and_the_put_still_goes_in(
+    tmp_path: Path,
+) -> None:
+    q = DurableQueue(tmp_path / "q.db", 1 << 30, connection_factory=Gate)
+    q.put([(0, b"a", 1, 0), (0, b"b", 1, 0)])
+    held = q.peek(0, 1)
+    t, release = slow_put(q, [(0, b"c", 1, 0)])
+    second = threading.Thread(target=q.put, args=([(0, b"d", 1, 0)],))
+    second.start()
+    wait_pending(q)
+    q.ack([e.id for e in held])
+    Gate.hold, Gate.fail, Gate.rolls_back = None, "DELETE", True
+    release.set()
+    t.join(5)
+    second.join(5)
+    assert rows_on_file(tmp_path / "q.db") == [b"a", b"b", b"c", b"d"]
+    assert [e.payload for e in q.peek(0, 10)] == [b"b", b"c", b"d"] and q.depth() == (4, 4)
+    Gate.fail = None
+    q.put([(1, b"e", 1, 0)])
+    assert rows_on_file(tmp_path / "q.db") == [b"b", b"c", b"d", b"e"] and q.depth() == (4, 4)
+    q.close()
+
+
+def test_an_ack_of_rows_read_from_the_file_is_counted_from_the_file(tmp_path: Path) -> None:
+    q = DurableQueue(tmp_path / "q.db", 1 << 30)
+    q.put([(0, b"a" * 3000, 2, 0), (1, b"b", 3, 0)])
+    q.close()
+    q = DurableQueue(tmp_path / "q.db", 1 << 30, connection_factory=Gate)
+    q.put([(0, b"c", 5, 0)])
+    got = q.peek(0, 100)
+    Gate.log = []
+    q.ack([e.id for e in got] + [999])  # an unknown id is ignored
+    assert len([x for x in Gate.log if x.startswith("SELECT shard")]) == 1  # shard 0 was on file at open
+    assert q.depth() == (3, 1) and q.backlog(0) == (0, 0) and q.backlog(1) == (1, 3)
     q.close()
 
 
