@@ -7,11 +7,12 @@
 # Build: docker build -t gpu-telemetry:0.1.0 .   (BuildKit, the default since Docker 23)
 
 # --- build: wheels for the project and every dependency -------------------------------------
-# gcc for the relay's native per-series core (relay/csrc, built by setup.py); the image has the
-# Python headers. Only this stage has a compiler.
+# gcc and zlib's header (relay._csnappy's crc32) for the relay's native per-series core (relay/csrc,
+# built by setup.py); the image has the Python headers. Only this stage has a compiler; the runtime
+# image has zlib itself.
 FROM python:3.11-slim AS build
 RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends build-essential \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends build-essential zlib1g-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml README.md setup.py ./

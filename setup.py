@@ -19,6 +19,7 @@ setup(
             sources=[str(c)],
             depends=_HEADERS,
             include_dirs=[str(_SRC)],
+            libraries=["z"] if c.stem == "csnappy" else [],  # zlib's crc32 (zlib1g-dev comes with python3-dev)
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter",
                                 "-fno-strict-aliasing"],
             optional=True,

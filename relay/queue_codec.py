@@ -35,9 +35,15 @@ A relay from before ``crc`` reads these files as they are (it ignores the column
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import snappy
+
+from relay import native
+
+_csnappy = native.load("csnappy")
+# zlib.crc32's twin that keeps the GIL (zlib's hands it off for every row over 5 KiB)
+_crc32: Callable[[bytes, int], int] = _csnappy.crc32 if _csnappy is not None else zlib.crc32
 
 MIN_PACK_BYTES = 256  # below this a snappy call costs more than the bytes it saves
 MAX_BLOCK_BYTES = 0xFFFF_FFFF  # the format's uncompressed length is at most 2^32 - 1
@@ -77,7 +83,7 @@ def checksum(stored: bytes, raw_len: int | None) -> int:
     for a raw_len no put writes (negative, or past 64 bits: a damaged row)."""
     if raw_len is not None and not 0 <= raw_len < 1 << 64:
         raise CodecError(f"stored raw_len {raw_len} is out of range")
-    crc = zlib.crc32(b"" if raw_len is None else raw_len.to_bytes(8, "little"), zlib.crc32(stored))
+    crc = _crc32(b"" if raw_len is None else raw_len.to_bytes(8, "little"), _crc32(stored, 0))
     return crc - (1 << 32) if crc >= 1 << 31 else crc
 
 

@@ -15,6 +15,7 @@ command -v gcc >/dev/null 2>&1 || need_apt+=(build-essential)
 PY=${PYTHON:-python3}
 py_include=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null || true)
 [ -n "$py_include" ] && [ -f "$py_include/Python.h" ] || need_apt+=(python3-dev)
+[ -f /usr/include/zlib.h ] || need_apt+=(zlib1g-dev)  # relay._csnappy's crc32 (python3-dev brings it too)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -265,6 +265,7 @@ def build_stage() -> list[tuple[str, str]]:
 def test_dockerfile_build_stage_has_a_compiler_and_the_runtime_none() -> None:
     build_runs = [a for k, a in build_stage() if k == "RUN"]
     assert any("apt-get install" in a and "build-essential" in a for a in build_runs)
+    assert any("zlib1g-dev" in a for a in build_runs)  # relay._csnappy links zlib (its crc32)
     copied = {src for k, a in build_stage() if k == "COPY" for src in shlex.split(a)[:-1]}
     assert {"setup.py", "relay", "telemetry_common"} <= copied  # setup.py builds relay/csrc/*.c
     for run in (a for k, a in final_stage() if k == "RUN"):

@@ -381,3 +381,37 @@ def test_a_limit_past_the_formats_4_gib_or_past_ssize_t_decodes_as_the_reference
     # review 21:45: a server.max_request_bytes over 2^63 made the C path raise OverflowError (a 503)
     body = wire.compress(b"abc" * 1000)
     assert wire.decompress(body, max_bytes) == wire.py_decompress(body, max_bytes) == b"abc" * 1000
+
+
+# ---- crc32: zlib.crc32's twin that keeps the GIL (the queue's row checksum) ---------------------
+
+
+@SETTINGS
+@given(data=st.binary(max_size=20000), value=st.integers(-(1 << 40), 1 << 40),
+       kind=st.sampled_from([bytes, bytearray, memoryview]))
+def test_crc32_is_zlibs_for_any_bytes_and_start_value(data: bytes, value: int, kind: Callable[[bytes], Any]) -> None:
+    import zlib
+
+    assert csnappy.crc32(kind(data), value) == zlib.crc32(data, value)
+
+
+def test_crc32_refuses_what_zlib_refuses() -> None:
+    import zlib
+
+    assert csnappy.crc32(b"abc") == zlib.crc32(b"abc")
+    for args in [("text", 0), (b"x", "0"), (b"x", 1.0), (), (b"x", 0, 1)]:
+        with pytest.raises(TypeError):
+            zlib.crc32(*args)
+        with pytest.raises(TypeError):
+            csnappy.crc32(*args)
+
+
+def test_the_queue_checksum_uses_the_c_crc32(monkeypatch: pytest.MonkeyPatch) -> None:
+    from relay import queue_codec
+
+    assert queue_codec._crc32 is csnappy.crc32
+    assert queue_codec.checksum(b"x" * 6000, 9) == queue_codec.checksum(b"x" * 6000, 9)
+    import zlib
+
+    crc = zlib.crc32((9).to_bytes(8, "little"), zlib.crc32(b"x" * 6000))
+    assert queue_codec.checksum(b"x" * 6000, 9) == (crc - (1 << 32) if crc >= 1 << 31 else crc)

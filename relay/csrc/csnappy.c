@@ -28,6 +28,7 @@ costs a thread hand-off).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <zlib.h>
 #include <string.h>
 
 #define SNAPPY_MAX_LEN 0xFFFFFFFFULL /* the format's (and cramjam's) largest block */
@@ -204,7 +205,44 @@ static PyObject *py_uncompress(PyObject *self, PyObject *const *args, Py_ssize_t
     return out;
 }
 
+/* crc32(data, value=0): zlib.crc32(data, value), with the GIL held. zlib.crc32 releases it for any
+buffer over 5 KiB, which is most queue rows: a thread hand-off per row put (relay.queue_codec). */
+static PyObject *py_crc32(PyObject *Py_UNUSED(m), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "crc32 expected 1 or 2 arguments, got %zd", nargs);
+        return NULL;
+    }
+    unsigned long value = 0;
+    if (nargs == 2) {
+        if (!PyLong_Check(args[1])) {
+            PyErr_Format(PyExc_TypeError, "'%.200s' object cannot be interpreted as an integer",
+                         Py_TYPE(args[1])->tp_name);
+            return NULL;
+        }
+        value = PyLong_AsUnsignedLongMask(args[1]);
+        if (value == (unsigned long)-1 && PyErr_Occurred())
+            return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const Bytef *p = (const Bytef *)view.buf;
+    Py_ssize_t left = view.len;
+    value &= 0xFFFFFFFFUL;
+    while (left > 0) { /* zlib takes a uInt length */
+        uInt n = left > (Py_ssize_t)0x40000000 ? 0x40000000U : (uInt)left;
+        value = crc32(value, p, n);
+        p += n;
+        left -= n;
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(value & 0xFFFFFFFFUL);
+}
+
 static PyMethodDef methods[] = {
+    {"crc32", (PyCFunction)(void (*)(void))py_crc32, METH_FASTCALL,
+     "crc32(data, value=0) -> zlib.crc32(data, value), the GIL held (zlib's releases it over 5 KiB)."},
     {"uncompress", (PyCFunction)(void (*)(void))py_uncompress, METH_FASTCALL,
      "uncompress(data, max_bytes) -> bytes, or None when data is not a valid raw snappy block (the "
      "caller asks the reference which error); ValueError when it announces more than max_bytes."},
