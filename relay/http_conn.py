@@ -41,6 +41,9 @@ def response_head(status: int, content_type: str, headers: Mapping[str, str], le
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace")
 
 
+LATE_S = 0.25  # how long past its deadline a stalled read may end, at most
+
+
 class DeadlineReader(io.RawIOBase):
     """The connection's reads, each bounded by what is left until ``deadline`` (monotonic seconds;
     None: the socket's own timeout). Past the deadline a read raises TimeoutError, so a client that
@@ -59,7 +62,12 @@ class DeadlineReader(io.RawIOBase):
             left = self.deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("read deadline passed")
-            self._sock.settimeout(left)
+            # Never a timeout that ends a read before the deadline; one that may end it a little after
+            # (LATE_S, or a tenth of what is left) is kept: the reads of a request that arrives quickly
+            # reuse its first read's timeout (each settimeout is a syscall and a GIL hand-off).
+            now = self._sock.gettimeout()
+            if now is None or now < left or now > left + min(LATE_S, left / 10):
+                self._sock.settimeout(left)
         return self._sock.recv_into(buffer)
 
 

@@ -195,7 +195,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         body = b"" if self.command == "HEAD" else reply.body
         head = response_head(reply.status, reply.content_type, reply.headers, len(reply.body), self.close_connection)
-        self.connection.settimeout(self.server.read_timeout)
+        limit = self.server.read_timeout
+        now = self.connection.gettimeout()  # what the request's reads left is fine unless it is nearly spent
+        if now is None or now > limit or now < min(1.0, limit / 2):
+            self.connection.settimeout(limit)
         self.connection.sendall(head + body)  # headers and body in one write
 
     # -- requests --------------------------------------------------------------------------------------

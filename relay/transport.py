@@ -216,7 +216,8 @@ class HttpTransport:
         conn = conns.get(route)
         if conn is not None and conn.sock is not None and not _dropped(conn.sock):
             conn.timeout = timeout
-            conn.sock.settimeout(timeout)
+            if conn.sock.gettimeout() != timeout:  # a syscall and a GIL hand-off: only when it changes
+                conn.sock.settimeout(timeout)
             return conn
         if conn is not None:
             self._drop(conn)

@@ -101,6 +101,29 @@ def test_one_connection_is_kept_alive_across_requests_of_a_thread(server: Server
     t.close()
 
 
+def test_a_kept_connection_sets_its_timeout_again_only_when_it_changes(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[float | None] = []
+    real = socket.socket.settimeout
+
+    def spy(sock: socket.socket, value: float | None) -> None:
+        calls.append(value)
+        real(sock, value)
+
+    t = HttpTransport()
+    assert t.post(server.url, b"a", {}, 5).status == 204
+    monkeypatch.setattr(socket.socket, "settimeout", spy)
+    for _ in range(3):
+        assert t.post(server.url, b"b", {}, 5).status == 204
+    assert calls == []  # each one a syscall and a GIL hand-off
+    assert t.post(server.url, b"c", {}, 7).status == 204
+    assert calls == [7]
+    conns = list(t._local.conns.values())
+    assert len(conns) == 1 and conns[0].sock is not None and conns[0].sock.gettimeout() == 7
+    t.close()
+
+
 def test_each_thread_has_its_own_connection(server: Server) -> None:
     t = HttpTransport()
     threads = [threading.Thread(target=lambda: [t.post(server.url, b"x", {}, 5) for _ in range(3)]) for _ in range(3)]
