@@ -561,8 +561,10 @@ class DurableQueue(QueueState):
             return True
         removed: dict[int, list[int]] = {}
         d_bytes = 0
+        toggle = self._sync != "NORMAL"  # each PRAGMA is a statement: none when it is NORMAL anyway
         try:
-            db.execute("PRAGMA synchronous=NORMAL")  # losing an ack on a crash only resends
+            if toggle:
+                db.execute("PRAGMA synchronous=NORMAL")  # losing an ack on a crash only resends
             db.execute("BEGIN IMMEDIATE")
             d_bytes = self._delete_ids(db, ids, removed)
             db.execute("COMMIT")
@@ -571,8 +573,9 @@ class DurableQueue(QueueState):
             log.debug("queue %s: ack of %d entries not written yet (%s); will retry", self.name, len(ids), e)
             return False
         finally:
-            with contextlib.suppress(sqlite3.Error):
-                db.execute(f"PRAGMA synchronous={self._sync}")
+            if toggle:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute(f"PRAGMA synchronous={self._sync}")
         with self._cond:
             self._delivered.difference_update(ids)
             self._samples -= sum(r[1] for r in removed.values())

@@ -259,3 +259,19 @@ def test_acks_left_in_memory_at_close_are_written_by_close(tmp_path: Path) -> No
     Gate.fail = None
     q.close()
     assert rows_on_file(tmp_path / "q.db") == [b"b"]
+
+
+@pytest.mark.parametrize("durability", ["full", "normal"])
+def test_an_ack_of_its_own_commits_without_an_fsync_and_toggles_nothing_it_need_not(
+    tmp_path: Path, durability: str
+) -> None:
+    q = DurableQueue(tmp_path / "q.db", 1 << 30, durability=durability, connection_factory=Gate)  # type: ignore[arg-type]
+    q.put([(0, b"a", 1, 0)])
+    got = q.peek(0, 10)
+    Gate.log = []
+    q.ack([e.id for e in got])
+    pragmas = [x for x in Gate.log if x.startswith("PRAGMA synchronous")]
+    assert pragmas == (["PRAGMA synchronous=NORMAL", "PRAGMA synchronous=FULL"] if durability == "full" else [])
+    with sqlite3.connect(tmp_path / "q.db") as db:
+        assert db.execute("SELECT COUNT(*) FROM entries").fetchone() == (0,)
+    q.close()
