@@ -1,4 +1,5 @@
-"""Fuzz relay._csnappy.uncompress against the reference (python-snappy over cramjam) with atheris.
+"""Fuzz relay._csnappy.uncompress against the reference (python-snappy over cramjam) with atheris,
+and relay._csnappy.compress by round trip.
 
 An input's first byte picks what is decoded: the raw bytes after it (libFuzzer's mutations reach
 every tag and header shape), or those bytes compressed by cramjam and then maybe damaged (a
@@ -6,8 +7,10 @@ truncation, a byte changed, bytes inserted or removed, a lying header), so that 
 with every copy kind and overlapping copies go through the decoder too. Each block goes through
 ``wire.decompress`` and ``wire.py_decompress`` with two limits (identical bytes, or the same
 WireError status and message), and through the C decoder itself, which must accept exactly what
-cramjam accepts, with the same bytes. Any
-difference raises, which atheris reports as a crash with the input saved.
+cramjam accepts, with the same bytes. The input's bytes (and a run of its second byte in front of
+them: long copies) are also compressed by the C compressor: cramjam and the C decoder must give
+them back exactly, within snappy's output bound. Any difference raises, which atheris reports as a
+crash with the input saved.
 
     .venv/bin/pip install atheris        # not a project dependency
     .venv/bin/python bench/fuzz_csnappy.py -max_total_time=300 [corpus_dir]
@@ -31,7 +34,7 @@ from relay import native
 from relay.protowire import WireError, encode_uvarint
 
 csnappy: Any = native.load("csnappy")
-runs = {"inputs": 0, "accepted": 0}
+runs = {"inputs": 0, "accepted": 0, "compressed": 0}
 DIRECT_MAX = 1 << 24
 
 
@@ -77,9 +80,20 @@ def damaged(fdp: Any) -> bytes:
     return body
 
 
+def round_trip(raw: bytes) -> None:
+    z = csnappy.compress(raw)
+    if len(z) > 32 + len(raw) + len(raw) // 6:
+        raise AssertionError(f"C compress of {len(raw)} bytes gave {len(z)}, over the bound")
+    if bytes(snappy.uncompress(z)) != raw or csnappy.uncompress(z, len(raw)) != raw:
+        raise AssertionError(f"C compress does not round-trip {raw!r}: {z!r}")
+    runs["compressed"] += 1
+
+
 def one_input(data: bytes) -> None:
     if not data:
         return
+    round_trip(data[1:])
+    round_trip(data[1:2] * (data[0] * 300) + data[1:])
     body = data[1:] if data[0] & 1 else damaged(atheris.FuzzedDataProvider(data[1:]))
     runs["inputs"] += 1
     for max_bytes in (len(body) * 4, 1 << 20):
@@ -102,8 +116,8 @@ def one_input(data: bytes) -> None:
             runs["accepted"] += 1
     k = runs["inputs"]
     if k & (k - 1) == 0 or k % 50_000 == 0:  # libFuzzer exits without atexit: report as it goes
-        print(f"fuzz_csnappy: {k:,} inputs compared, {runs['accepted']:,} valid blocks decoded by both",
-              file=sys.stderr, flush=True)
+        print(f"fuzz_csnappy: {k:,} inputs compared, {runs['accepted']:,} valid blocks decoded by both, "
+              f"{runs['compressed']:,} compressed and decoded back", file=sys.stderr, flush=True)
 
 
 def seeds() -> list[bytes]:
@@ -125,7 +139,7 @@ def main() -> None:
     else:
         for seed in seeds():
             one_input(seed)
-    runs["inputs"] = runs["accepted"] = 0
+    runs["inputs"] = runs["accepted"] = runs["compressed"] = 0
     atheris.Setup(args, one_input)
     atheris.Fuzz()
 

@@ -45,6 +45,21 @@ _csnappy = native.load("csnappy")
 # zlib.crc32's twin that keeps the GIL (zlib's hands it off for every row over 5 KiB)
 _crc32: Callable[[bytes, int], int] = _csnappy.crc32 if _csnappy is not None else zlib.crc32
 
+
+def py_compress(data: bytes) -> bytes:
+    """A raw snappy block of ``data``: python-snappy's (cramjam), the reference and the fallback."""
+    return bytes(snappy.compress(data))
+
+
+def _c_compress(data: bytes) -> bytes:
+    """relay._csnappy's block (the GIL held, no buffer conversions; the same size within a few
+    bytes); a block it declines (past 2^32 - 1 bytes) is the reference's to refuse."""
+    z: bytes | None = _csnappy.compress(data)  # type: ignore[union-attr]
+    return py_compress(data) if z is None else z
+
+
+compress: Callable[[bytes], bytes] = _c_compress if _csnappy is not None else py_compress
+
 MIN_PACK_BYTES = 256  # below this a snappy call costs more than the bytes it saves
 MAX_BLOCK_BYTES = 0xFFFF_FFFF  # the format's uncompressed length is at most 2^32 - 1
 
@@ -58,7 +73,7 @@ def pack(payload: bytes) -> tuple[bytes, int | None]:
     payload itself and None."""
     if len(payload) < MIN_PACK_BYTES:
         return payload, None
-    z = bytes(snappy.compress(payload))
+    z = compress(payload)
     if len(z) * 8 > len(payload) * 7:
         return payload, None
     return z, len(payload)
@@ -124,7 +139,7 @@ def _raw_run(run: list[bytes], n: int) -> bytes:
     """Raw rows as elements: compressed together when that is long enough to pay and smaller."""
     data = b"".join(run)
     if n >= MIN_PACK_BYTES:
-        z = bytes(snappy.compress(data))
+        z = compress(data)
         _, start = _header(z)
         if len(z) - start < n:
             return z[start:]

@@ -415,3 +415,63 @@ def test_the_queue_checksum_uses_the_c_crc32(monkeypatch: pytest.MonkeyPatch) ->
 
     crc = zlib.crc32((9).to_bytes(8, "little"), zlib.crc32(b"x" * 6000))
     assert queue_codec.checksum(b"x" * 6000, 9) == (crc - (1 << 32) if crc >= 1 << 31 else crc)
+
+
+# ---- compress: any valid block of the same bytes (the queue's rows, the sender's batches) ---------
+
+COMPRESS_SIZES = [0, 1, 4, 14, 15, 16, 17, 100, 65535, 65536, 65537, 2 * 65536 + 3]
+
+
+def structured() -> st.SearchStrategy[bytes]:
+    """Label-like text: runs, repeats at every distance (copies of every kind and length)."""
+    piece = st.binary(min_size=1, max_size=40)
+    return st.lists(st.tuples(piece, st.integers(1, 300)), max_size=12).map(
+        lambda parts: b"".join(p * k for p, k in parts))
+
+
+def check_round_trip(raw: bytes) -> bytes:
+    z = csnappy.compress(raw)
+    assert type(z) is bytes and len(z) <= 32 + len(raw) + len(raw) // 6  # snappy's MaxCompressedLength
+    assert bytes(snappy.uncompress(z)) == raw  # the reference decodes it
+    assert csnappy.uncompress(z, max(1, len(raw))) == raw
+    return z
+
+
+@SETTINGS
+@given(raw=st.one_of(st.binary(max_size=5000), structured()))
+def test_compress_round_trips_through_the_reference_decoder(raw: bytes) -> None:
+    check_round_trip(raw)
+
+
+@pytest.mark.parametrize("size", COMPRESS_SIZES)
+def test_compress_round_trips_at_every_fragment_edge(size: int) -> None:
+    for raw in (b"a" * size, os.urandom(size), (b"label=value," * (size // 12 + 1))[:size]):
+        check_round_trip(raw)
+
+
+def test_compress_is_as_small_as_the_reference_on_remote_write_payloads() -> None:
+    from bench.rw_payload import ISSUE9_OTHER_PER_NODE, payload
+
+    ours = ref = 0
+    for body in payload(3, 1, other_per_node=ISSUE9_OTHER_PER_NODE).requests:
+        raw = wire.decompress(body, 1 << 30)
+        for piece in (raw, raw[: len(raw) // 4], raw[:3000]):
+            ours += len(check_round_trip(piece))
+            ref += len(snappy.compress(piece))
+    assert ours <= ref * 1.02  # the same algorithm: within a few bytes of cramjam's blocks
+
+
+def test_compress_takes_any_bytes_like_object_and_refuses_others() -> None:
+    assert csnappy.compress(bytearray(b"abc" * 50)) == csnappy.compress(memoryview(b"abc" * 50)) == csnappy.compress(
+        b"abc" * 50)
+    with pytest.raises(TypeError):
+        csnappy.compress("text")
+
+
+def test_the_queue_compresses_with_the_c_compressor_and_falls_back_to_the_reference() -> None:
+    from relay import queue_codec
+
+    assert queue_codec.compress is queue_codec._c_compress
+    stored, raw_len = queue_codec.pack(b"series-" * 100)
+    assert raw_len == 700 and stored == csnappy.compress(b"series-" * 100)
+    assert queue_codec.py_compress(b"x" * 300) == bytes(snappy.compress(b"x" * 300))
