@@ -66,6 +66,24 @@ def slow_put(q: DurableQueue, pieces: list[tuple[int, bytes, int, int]]) -> tupl
     return t, release
 
 
+def ack_behind_a_slow_commit(q: DurableQueue, held: list[int], second: tuple[int, bytes, int, int],
+                             fail: str | None = None, rolls_back: bool = False) -> list[BaseException]:
+    """Ack ``held`` while a put of b"c" is being committed and a put of ``second`` waits behind it;
+    then let both go on, with statements containing ``fail`` failing. The second put's errors."""
+    t, release = slow_put(q, [(0, b"c", 1, 0)])
+    errors: list[BaseException] = []
+    waiting = threading.Thread(target=_catch, args=(errors, q.put, [second]))
+    waiting.start()
+    wait_pending(q)
+    q.ack(held)
+    Gate.hold, Gate.fail, Gate.rolls_back = None, fail, rolls_back
+    release.set()
+    t.join(5)
+    waiting.join(5)
+    assert not t.is_alive() and not waiting.is_alive()
+    return errors
+
+
 def test_an_ack_during_a_commit_waits_for_nothing_and_the_next_put_writes_it(tmp_path: Path) -> None:
     q = DurableQueue(tmp_path / "q.db", 1 << 30, durability="normal", connection_factory=Gate)
     q.put([(0, b"a", 1, 0), (0, b"b", 1, 0)])
@@ -122,15 +140,7 @@ def test_a_delete_that_fails_in_a_puts_transaction_fails_not_the_put_and_is_retr
     q = DurableQueue(tmp_path / "q.db", 1 << 30, connection_factory=Gate)
     q.put([(0, b"a", 1, 0), (0, b"b", 1, 0)])
     held = q.peek(0, 1)
-    t, release = slow_put(q, [(0, b"c", 1, 0)])
-    second = threading.Thread(target=q.put, args=([(0, b"d", 1, 0)],))
-    second.start()
-    wait_pending(q)
-    q.ack([e.id for e in held])
-    Gate.hold, Gate.fail = None, "DELETE"
-    release.set()
-    t.join(5)
-    second.join(5)
+    assert ack_behind_a_slow_commit(q, [e.id for e in held], (0, b"d", 1, 0), fail="DELETE") == []
     assert rows_on_file(tmp_path / "q.db") == [b"a", b"b", b"c", b"d"]  # the put went in; the ack did not
     assert [e.payload for e in q.peek(0, 10)] == [b"b", b"c", b"d"]  # a is still never handed out again
     Gate.fail = None
@@ -145,15 +155,7 @@ def test_a_delete_whose_failure_ended_the_transaction_leaves_the_acks_and_the_pu
     q = DurableQueue(tmp_path / "q.db", 1 << 30, connection_factory=Gate)
     q.put([(0, b"a", 1, 0), (0, b"b", 1, 0)])
     held = q.peek(0, 1)
-    t, release = slow_put(q, [(0, b"c", 1, 0)])
-    second = threading.Thread(target=q.put, args=([(0, b"d", 1, 0)],))
-    second.start()
-    wait_pending(q)
-    q.ack([e.id for e in held])
-    Gate.hold, Gate.fail, Gate.rolls_back = None, "DELETE", True
-    release.set()
-    t.join(5)
-    second.join(5)
+    assert ack_behind_a_slow_commit(q, [e.id for e in held], (0, b"d", 1, 0), fail="DELETE", rolls_back=True) == []
     assert rows_on_file(tmp_path / "q.db") == [b"a", b"b", b"c", b"d"]
     assert [e.payload for e in q.peek(0, 10)] == [b"b", b"c", b"d"] and q.depth() == (4, 4)
     Gate.fail = None
@@ -180,16 +182,7 @@ def test_acks_read_by_a_put_that_fails_stay_to_be_written_and_are_not_handed_out
     q = DurableQueue(tmp_path / "q.db", 1 << 30, connection_factory=Gate)
     q.put([(0, b"a", 1, 0), (0, b"b", 1, 0)])
     held = q.peek(0, 1)
-    t, release = slow_put(q, [(0, b"c", 1, 0)])
-    errors: list[BaseException] = []
-    second = threading.Thread(target=_catch, args=(errors, q.put, [(0, b"lost", 1, 0)]))
-    second.start()
-    wait_pending(q)
-    q.ack([e.id for e in held])
-    Gate.hold, Gate.fail = None, "INSERT"
-    release.set()
-    t.join(5)
-    second.join(5)
+    errors = ack_behind_a_slow_commit(q, [e.id for e in held], (0, b"lost", 1, 0), fail="INSERT")
     assert [type(e) for e in errors] == [StorageError]
     Gate.fail = None
     assert [e.payload for e in q.peek(0, 10)] == [b"b", b"c"]
