@@ -14,7 +14,8 @@ Durability: ``synchronous=FULL`` (default) vs ``NORMAL``
 Group commit
     Concurrent ``put`` calls join a pending list; whichever caller finds no commit in progress
     becomes the leader, writes every pending request in one transaction (one fsync) and wakes
-    the others.
+    the others. Acks that came in since the last write are deleted in that transaction too; an
+    ack with no commit under way is written at once, in a transaction of its own without fsync.
 
 Payloads (relay.queue_codec)
     A row holds a piece's WriteRequest bytes, as a snappy block when that is clearly smaller
