@@ -34,9 +34,10 @@ Rows handed out from memory (relay.queue_recent)
     as memory holds every row the file has for that shard: ``peek`` then hands those out without
     reading them back (no SQLite read, no page copy, no checksum: the bytes never left memory).
     A shard whose rows do not all fit in ``memory_bytes`` (a destination that is down, a file
-    opened with rows in it) is read from the file, as before, until it has drained to empty. What
-    a peek returns is the same either way (tests/test_queue_recent.py compares the two); only the
-    file is the truth, and a row is in memory only once it is committed.
+    opened with rows in it) is read from the file, as before, while memory keeps its newest rows:
+    once the older ones are sent, memory holds them all again. What a peek returns is the same
+    either way (tests/test_queue_recent.py compares the two); only the file is the truth, and a row
+    is in memory only once it is committed.
 
 Bounded by max_disk (see relay.queue_files for the disk plan)
     Payload plus ENTRY_OVERHEAD_BYTES per entry stays under max_disk, and from 4 MiB on the pages
@@ -312,6 +313,7 @@ class DurableQueue(QueueState):
         removed: dict[int, list[int]] = {}
         freed_delivered: set[int] = set()
         cut: list[int] = []  # ids the trim deleted
+        mem_cut: dict[int, int] = {}
         stored_rows: list[tuple[int, tuple[int, bytes, int | None, int, int, int, int]]] = []  # (id, row)
         d_samples = d_bytes = 0
         free_pages: int | None = None
@@ -365,10 +367,11 @@ class DurableQueue(QueueState):
                 db.execute("COMMIT")
                 if cut:
                     with self._cond:  # still under the read lock: no peek saw the trimmed rows in memory
-                        self._recent.remove(cut)
+                        mem_cut = self._recent.remove(cut)
                 readers.close()
             except BaseException:
                 self._rollback(db)  # never masks the real error
+                self._pages = PageBounds()  # counts read in the rolled-back transaction: read again
                 readers.close()
                 raise
             d_samples -= sum(r[1] for r in removed.values())
@@ -377,14 +380,12 @@ class DurableQueue(QueueState):
                 self._bytes += d_bytes
                 self._delivered -= freed_delivered
                 self._delivered.difference_update(acked)
-                self._recent.remove(acked)
+                self._recent.gone_behind(removed, mem_cut, self._recent.remove(acked))
                 self._removed(removed)
                 if self._recent.max_bytes:  # in memory before the consumers are woken
-                    recent = self._recent
                     self._recent.add(
                         Entry(rid, shard, stored, samples, now, oldest, raw_len)
-                        for rid, (shard, stored, raw_len, _crc, _size, samples, oldest) in stored_rows
-                        if recent.cached(shard))
+                        for rid, (shard, stored, raw_len, _crc, _size, samples, oldest) in stored_rows)
                 self._apply_added(added)
                 self._last_id = max(self._last_id, last_id)  # (_apply_added woke the shards' consumers)
             self._maintain(db, free_pages)
@@ -581,7 +582,7 @@ class DurableQueue(QueueState):
             self._delivered.difference_update(ids)
             self._samples -= sum(r[1] for r in removed.values())
             self._bytes -= d_bytes
-            self._recent.remove(ids)
+            self._recent.gone_behind(removed, self._recent.remove(ids))
             self._removed(removed)
         return True
 

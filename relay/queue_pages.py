@@ -7,8 +7,8 @@ near either line the real counts are read, as before.
 Only the writer connection changes the counts, under the queue's write lock. An insert adds at most
 its payload's overflow pages plus PAGE_SLACK b-tree pages (a split of every level of the table and
 of its index); a delete frees at most as many (deletes do not add pages in use, inserts do not add
-free pages, a rolled-back transaction leaves less than the bound, a checkpoint moves pages without
-changing either count)."""
+free pages, a checkpoint moves pages without changing either count). Counts read inside a
+transaction that then fails are forgotten (relay.queue starts new bounds): the next put reads them."""
 
 from __future__ import annotations
 

@@ -197,7 +197,7 @@ class _Handler(BaseHTTPRequestHandler):
         head = response_head(reply.status, reply.content_type, reply.headers, len(reply.body), self.close_connection)
         limit = self.server.read_timeout
         now = self.connection.gettimeout()  # what the request's reads left is fine unless it is nearly spent
-        if now is None or now > limit or now < min(1.0, limit / 2):
+        if now is None or now > limit or now < limit - min(1.0, limit / 10):  # a reply gets read_timeout, less a little
             self.connection.settimeout(limit)
         self.connection.sendall(head + body)  # headers and body in one write
 

@@ -206,20 +206,17 @@ static PyObject *py_uncompress(PyObject *self, PyObject *const *args, Py_ssize_t
 }
 
 /* crc32(data, value=0): zlib.crc32(data, value), with the GIL held. zlib.crc32 releases it for any
-buffer over 5 KiB, which is most queue rows: a thread hand-off per row put (relay.queue_codec). */
+buffer over 5 KiB, which is most queue rows: a thread hand-off per row put (relay.queue_codec).
+Anything but (buffer) or (buffer, int) goes to zlib.crc32 itself, so odd arguments get its own
+results and errors. */
+static PyObject *zlib_crc32; /* the reference, imported at module init */
+
 static PyObject *py_crc32(PyObject *Py_UNUSED(m), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs < 1 || nargs > 2) {
-        PyErr_Format(PyExc_TypeError, "crc32 expected 1 or 2 arguments, got %zd", nargs);
-        return NULL;
-    }
+    if (nargs < 1 || nargs > 2 || (nargs == 2 && !PyLong_CheckExact(args[1])))
+        return PyObject_Vectorcall(zlib_crc32, args, (size_t)nargs, NULL);
     unsigned long value = 0;
     if (nargs == 2) {
-        if (!PyLong_Check(args[1])) {
-            PyErr_Format(PyExc_TypeError, "'%.200s' object cannot be interpreted as an integer",
-                         Py_TYPE(args[1])->tp_name);
-            return NULL;
-        }
         value = PyLong_AsUnsignedLongMask(args[1]);
         if (value == (unsigned long)-1 && PyErr_Occurred())
             return NULL;
@@ -420,5 +417,14 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "relay._csnappy",
 
 PyMODINIT_FUNC PyInit__csnappy(void)
 {
+    if (zlib_crc32 == NULL) {
+        PyObject *zlib = PyImport_ImportModule("zlib");
+        if (zlib == NULL)
+            return NULL;
+        zlib_crc32 = PyObject_GetAttrString(zlib, "crc32");
+        Py_DECREF(zlib);
+        if (zlib_crc32 == NULL)
+            return NULL;
+    }
     return PyModule_Create(&module);
 }
