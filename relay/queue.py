@@ -99,7 +99,7 @@ _ROWS_PER_INSERT = 1000  # 7 values a row: well below SQLite's 32,766 variables 
 # a power of two, so that at most _EXACT_ROWS + 5 shapes are ever prepared, whatever max_shards is.
 _EXACT_ROWS = 32
 _PAGES = "SELECT * FROM pragma_page_count(), pragma_freelist_count()"  # both in one statement
-MEMORY_BYTES = 32 << 20  # committed rows kept in memory for peek, at most (stored bytes)
+MEMORY_BYTES = 8 << 20  # committed rows kept in memory for peek, at most (stored bytes + overhead)
 
 
 # What a row costs in GIL hand-offs: CPython 3.11's sqlite3 releases the GIL for each row it steps to
