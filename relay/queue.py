@@ -423,11 +423,13 @@ class DurableQueue(QueueState):
                 protected = set().union(*self._held.values())
                 delivered = set(self._delivered)
             cut = []
+            cut_bytes = 0
             for rid, shard, samples, nbytes in rows:
                 after = rid
                 if rid in protected:
                     continue
                 cut.append(rid)
+                cut_bytes += nbytes
                 r = removed.setdefault(shard, [0, 0])
                 r[0] += 1
                 r[1] += samples
@@ -442,8 +444,7 @@ class DurableQueue(QueueState):
             if cut:
                 db.execute(f"DELETE FROM entries WHERE id IN ({','.join('?' * len(cut))})", cut)
                 cut_ids.extend(cut)
-                gone = set(cut)
-                self._pages.deleted(sum(nb for rid, _, _, nb in rows if rid in gone), len(cut))
+                self._pages.deleted(cut_bytes, len(cut))
         return freed_samples, freed_bytes, free
 
     def ack(self, ids: Sequence[int]) -> None:
@@ -648,7 +649,6 @@ class DurableQueue(QueueState):
                 return []
             if key >= 0:
                 self._seen_seq[key] = self._put_seq.get(key, 0)
-            skip = set(self._delivered)
         out: list[Entry] = []
         total = 0
         with self._rlock:
@@ -665,6 +665,7 @@ class DurableQueue(QueueState):
                         total += e.samples
                     self._hold(key, out, extend)
                     return out
+                skip = set(self._delivered)  # (the file is read outside _cond)
             cur = self._rdb.execute(
                 f"SELECT {_PEEK_COLUMNS} FROM entries WHERE {where} ORDER BY id LIMIT ?",
                 (*args, max(1, max_entries) + len(skip)))
