@@ -378,8 +378,8 @@ class DurableQueue(QueueState):
             with self._cond:
                 self._samples += d_samples
                 self._bytes += d_bytes
-                self._delivered -= freed_delivered
-                self._delivered.difference_update(acked)
+                self._forget_delivered(freed_delivered)
+                self._forget_delivered(acked)
                 self._recent.gone_behind(removed, mem_cut, self._recent.remove(acked))
                 self._removed(removed)
                 if self._recent.max_bytes:  # in memory before the consumers are woken
@@ -458,9 +458,7 @@ class DurableQueue(QueueState):
         with self._cond:
             if self._closed:
                 return
-            self._delivered.update(ids)
-            for held in self._held.values():
-                held.difference_update(ids)
+            self._note_acked(ids)
             if self._committing or self._pending:
                 return
         self._write_acks()
@@ -580,7 +578,7 @@ class DurableQueue(QueueState):
                 with contextlib.suppress(sqlite3.Error):
                     db.execute(f"PRAGMA synchronous={self._sync}")
         with self._cond:
-            self._delivered.difference_update(ids)
+            self._forget_delivered(ids)
             self._samples -= sum(r[1] for r in removed.values())
             self._bytes -= d_bytes
             self._recent.gone_behind(removed, self._recent.remove(ids))
@@ -650,6 +648,7 @@ class DurableQueue(QueueState):
             if key >= 0:
                 self._seen_seq[key] = self._put_seq.get(key, 0)
         out: list[Entry] = []
+        counts: dict[int, tuple[int, int]] = {}  # as on file (a damaged entry is handed out with none)
         total = 0
         with self._rlock:
             with self._cond:
@@ -663,7 +662,7 @@ class DurableQueue(QueueState):
                             break
                         out.append(e)
                         total += e.samples
-                    self._hold(key, out, extend)
+                    self._hold(key, {e.id: (e.shard, e.samples) for e in out}, extend)
                     return out
                 skip = set(self._delivered)  # (the file is read outside _cond)
             cur = self._rdb.execute(
@@ -676,17 +675,19 @@ class DurableQueue(QueueState):
                 if (out or extend) and (total + samples > max_samples or len(out) >= max_entries):
                     break
                 out.append(self._entry(rid, shard, payload, raw_len, crc, samples, enqueued_at, oldest))
+                counts[rid] = (shard, samples)
                 total += samples
             cur.close()
             with self._cond:  # still under the read lock: a trimming commit sees it (see _commit)
-                self._hold(key, out, extend)
+                self._hold(key, counts, extend)
         return out
 
-    def _hold(self, key: int, out: list[Entry], extend: bool) -> None:
+    def _hold(self, key: int, counts: dict[int, tuple[int, int]], extend: bool) -> None:
+        """Under _cond: the consumer ``key`` holds these ids (id -> (shard, samples) as counted)."""
         if extend:
-            self._held.setdefault(key, set()).update(e.id for e in out)
+            self._held.setdefault(key, {}).update(counts)
         else:
-            self._held[key] = {e.id for e in out}
+            self._held[key] = counts
 
     def _entry(self, rid: int, shard: int, stored: bytes, raw_len: int | None, crc: int | None, samples: int,
                enqueued_at: float, oldest: int) -> Entry:

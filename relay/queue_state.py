@@ -8,6 +8,7 @@ by every commit of every shard nor by puts that would not fill its batch."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable, Sequence
 
 
 class QueueState:
@@ -23,9 +24,48 @@ class QueueState:
         self._shard_samples: dict[int, int] = {}  # shard -> samples queued
         self._put_seq: dict[int, int] = {}  # shard -> puts so far (1 at open when it has entries)
         self._seen_seq: dict[int, int] = {}  # shard -> _put_seq at its last peek
-        self._held: dict[int, set[int]] = {}  # consumer key -> ids handed out and not yet acked
-        self._delivered: set[int] = set()  # acked ids whose delete could not be written yet
+        self._held: dict[int, dict[int, tuple[int, int]]] = {}  # consumer key -> id -> (shard, samples)
+        # of the entries handed out and not yet acked
+        self._delivered: set[int] = set()  # acked ids whose delete is not written yet
+        self._acked: dict[int, tuple[int, int]] = {}  # those of them that were held: id -> (shard, samples)
+        self._acked_counts: dict[int, list[int]] = {}  # shard -> [entries, samples] of _acked
         self._last_id = 0
+
+    def _note_acked(self, ids: Sequence[int]) -> None:
+        """Under _cond: ``ids`` are delivered. They leave the shard's backlog now, though their rows
+        stay on file (and in the depth) until the delete is written; an id acked twice, or never
+        handed out, changes no count."""
+        for rid in ids:
+            if rid in self._delivered:
+                continue
+            self._delivered.add(rid)
+            count = None
+            for held in self._held.values():
+                count = held.pop(rid, None) or count
+            if count is not None:
+                self._acked[rid] = count
+                c = self._acked_counts.setdefault(count[0], [0, 0])
+                c[0] += 1
+                c[1] += count[1]
+
+    def _forget_delivered(self, ids: Iterable[int]) -> None:
+        """Under _cond: the rows of these delivered ids are deleted from the file (their counts went
+        with the delete)."""
+        for rid in ids:
+            self._delivered.discard(rid)
+            count = self._acked.pop(rid, None)
+            if count is not None:
+                c = self._acked_counts[count[0]]
+                c[0] -= 1
+                c[1] -= count[1]
+                if c[0] <= 0:
+                    del self._acked_counts[count[0]]
+
+    def _waiting(self, shard: int) -> tuple[int, int]:
+        """Under _cond: (entries, samples) of a shard not yet delivered."""
+        acked = self._acked_counts.get(shard)
+        n, s = self._entries.get(shard, 0), self._shard_samples.get(shard, 0)
+        return (n, s) if acked is None else (n - acked[0], s - acked[1])
 
     def _apply_added(self, added: dict[int, list[int]]) -> None:
         """Under _cond: shard -> [entries, samples] committed; wakes the shards' consumers."""
@@ -51,9 +91,10 @@ class QueueState:
             return self._last_id
 
     def backlog(self, shard: int) -> tuple[int, int]:
-        """(entries, samples) queued for a shard, delivered-but-unwritten acks included."""
+        """(entries, samples) queued for a shard and not yet delivered (an acked entry leaves it at
+        the ack, before its delete is written)."""
         with self._cond:
-            return self._entries.get(shard, 0), self._shard_samples.get(shard, 0)
+            return self._waiting(shard)
 
     def shards(self) -> list[int]:
         with self._cond:
@@ -86,8 +127,8 @@ class QueueState:
         """Under _cond: something was put for ``shard`` since its last peek, and it holds the threshold."""
         if self._put_seq.get(shard, 0) == self._seen_seq.get(shard, 0):
             return False
-        return (self._shard_samples.get(shard, 0) >= min_samples
-                or (min_entries > 0 and self._entries.get(shard, 0) >= min_entries))
+        entries, samples = self._waiting(shard)
+        return samples >= min_samples or (min_entries > 0 and entries >= min_entries)
 
     def _wake_all(self) -> None:
         """Under _cond: wake every waiter, puts and consumers (close)."""

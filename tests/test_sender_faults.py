@@ -5,6 +5,7 @@ max_shards barrier."""
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -109,9 +110,11 @@ def rigs() -> Iterator[list[Rig]]:
 
 
 def rig(tmp_path: Path, rigs: list[Rig], answer: object = None, clock: Clock | None = None,
-        memory_bytes: int = MEMORY_BYTES, **settings: float) -> Rig:
+        memory_bytes: int = MEMORY_BYTES, connection_factory: type[sqlite3.Connection] = sqlite3.Connection,
+        **settings: float) -> Rig:
     c = clock or Clock()
-    queue = DurableQueue(tmp_path / "amp.queue.db", 64 << 20, clock=c, memory_bytes=memory_bytes)
+    queue = DurableQueue(tmp_path / "amp.queue.db", 64 << 20, clock=c, memory_bytes=memory_bytes,
+                         connection_factory=connection_factory)
     transport = Recorder(answer)
     metrics = RelayMetrics(CollectorRegistry())
     s = SenderSettings(**{"max_samples_per_send": 1000, "batch_send_deadline": 0.02, "min_backoff": 0.001,
