@@ -46,6 +46,7 @@ from relay.rules import Rules
 from relay.stage import RULES, DestinationStage, metadata_entries
 from relay.stage import route_hits as _route_hits
 
+_MAX_NAME_DROPS = 4_096  # metric names remembered by decide()'s drop-by-name answer
 log = logging.getLogger(__name__)
 
 # decision cache budget, as server.decision_cache's default: ~4M dcgm-like series in native tables
@@ -139,6 +140,9 @@ class Pipeline:
         # aggregation): decide()'s shortest path, one output id for all of them
         self._as_is = (self.rules.global_identity and all(self.rules.destination_identity)
                        and all(stage.aggregator is None and not stage.external for stage in self.stages))
+        # metric name -> every destination's rules drop it (Rules.name_gates; None: not known so)
+        self._name_drops: dict[str, bool] | None = {} if self.rules.name_gates is not None else None
+        self._all_rules = (RULES,) * len(self.stages)
 
     def _take_over(self, previous: Pipeline) -> None:
         """On reload, keep per-series state: collision owners per destination, and aggregation
@@ -180,6 +184,15 @@ class Pipeline:
         # labels in another order is the same series). In memory only, never on disk: Python's hash.
         in_id = hash(labels) & _ID_MASK
         self._scratch[key] = labels
+        drops = self._name_drops
+        if drops is not None and metric_in:  # (decoded names are unique: one __name__, as the rules read it)
+            dropped = drops.get(metric_in)
+            if dropped is None:
+                if len(drops) >= _MAX_NAME_DROPS:
+                    drops.clear()
+                dropped = drops[metric_in] = self.rules.dropped_by_name(metric_in)
+            if dropped:  # what the general path below answers, without building the rules' input
+                return ((key, in_id, metric_in), *self._all_rules)
         out: list[wire.DestDecision | None] = [(key, in_id, metric_in)]
         if self._as_is and canonical and metric_in:  # what stage.decide answers for the key's own labels
             sid = label_codec.series_id(key)

@@ -14,7 +14,7 @@ import bisect
 from relay.config import Config
 from relay.labels import METRIC_NAME, Labels
 from relay.relabel import RelabelConfig, process, process_traced
-from relay.rule_plan import Names, RulePlan, names_of
+from relay.rule_plan import Names, RulePlan, name_filter, names_of
 
 NO_METRIC_NAME = "no metric name"
 
@@ -98,6 +98,18 @@ class Rules:
         # destinations change nothing (their result is the base)
         self.global_identity = not self._external and not self._global
         self.destination_identity = tuple(not w and not p for w, p in zip(self._write, self._prune, strict=True))
+        # no global rules, and every destination's rules begin with a keep/drop by literal metric
+        # names (rule_plan.name_filter): (keep, names) each, so decide() can answer "every
+        # destination's rules drop it" from the metric name alone, before anything is built
+        filters = [name_filter(w[0]) if w else None for w in self._write]
+        self.name_gates: tuple[tuple[bool, frozenset[str]], ...] | None = (
+            tuple(f for f in filters if f is not None)
+            if not self._global and filters and None not in filters else None)
+
+    def dropped_by_name(self, metric: str) -> bool:
+        """Every destination's first rule drops a series named ``metric`` (``name_gates`` set)."""
+        assert self.name_gates is not None
+        return all((metric in names) != keep for keep, names in self.name_gates)
 
     def memo_bytes(self) -> int:
         """Estimated memory of the rule lists' effect memos (bounded)."""

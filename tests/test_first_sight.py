@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from relay import aggregate, label_codec, limits, relabel_regexp, rule_plan, wire
+from relay import pipeline as pipeline_mod
+from relay import stage as stage_mod
 from relay.cardinality import CardinalityMetrics, DestinationStats
 from relay.config_model import AggregateConfig, Config, DestinationConfig
 from relay.labels import Labels
@@ -39,6 +41,7 @@ _ID_MASK = (1 << 60) - 1
 _BENCH_RULES: list[dict[str, Any]] = [
     {"source_labels": ["__name__"], "regex": "m1|m2|DCGM_FI_DEV_GPU_UTIL", "action": "keep"},
     {"source_labels": ["__name__"], "regex": "m.*", "action": "drop"},
+    {"source_labels": ["__name__"], "regex": "m2|n_x", "action": "drop"},
     {"source_labels": ["__name__"], "regex": "(m|n)_(.+)", "action": "keep"},
     {"regex": "pci_bus_id|a|UUID", "action": "labeldrop"},
     {"regex": "__name__|a|b|job", "action": "labelkeep"},
@@ -423,3 +426,78 @@ def test_the_shortest_decide_path_is_off_where_anything_changes_a_series() -> No
     for config in (prune, external, aggregated):
         assert not pipeline(config, AmpLimits())._as_is
     assert not _one_destination({"regex": "b", "action": "labeldrop"})._as_is
+
+
+# ---- a series every destination's first rule drops by its metric name ----------------------------
+_NAME_FILTERS = [r for r in RULE_POOL if rule_plan.name_filter(r) is not None]
+gated_destination_st = st.builds(
+    lambda first, rest, prune: DestinationConfig(name="d", url="http://127.0.0.1:1/w",
+                                                 write_relabel_configs=(first, *rest), prune_labels=prune),
+    st.sampled_from(_NAME_FILTERS), rules_st,
+    st.lists(st.sampled_from(["b", "c", "team"]), max_size=2, unique=True).map(tuple))
+gated_config_st = st.builds(
+    lambda ext, dests: Config(external_labels=ext, destinations=tuple(
+        dataclasses.replace(d, name=f"d{i}") for i, d in enumerate(dests))),
+    external_st, st.lists(gated_destination_st, min_size=1, max_size=3))
+
+
+def test_the_name_filter_pool_has_keeps_and_drops() -> None:
+    kinds = {rule_plan.name_filter(r)[0] for r in _NAME_FILTERS}  # type: ignore[index]
+    assert kinds == {True, False}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(gated_config_st, amp_st, st.lists(key_sets(), min_size=1, max_size=3).map(lambda ks: [k for s in ks for k in s]))
+def test_decide_where_every_destination_begins_with_a_name_filter_equals_the_reference(
+        config: Config, amp: AmpLimits, keys: list[bytes]) -> None:
+    p = pipeline(config, amp)
+    assert p._name_drops is not None  # the drop-by-name answer is in use
+    for key in keys * 2:
+        want_scratch: dict[bytes, Labels] = {}
+        want = outcome(ref_decide, p, key, want_scratch)
+        p._scratch.clear()
+        assert outcome(p.decide, key) == want, (key, config)
+        if want[0] == "ok":
+            assert p._scratch == want_scratch
+
+
+def test_a_series_dropped_by_every_destinations_name_filter_is_answered_without_the_rules() -> None:
+    keep = {"source_labels": ["__name__"], "regex": "m1|m2", "action": "keep"}
+    p = _one_destination(keep, {"regex": "a", "action": "labeldrop"}, external=(("cluster", "c"),))
+    calls: list[str] = []
+    real = p.rules.global_named
+    p.rules.global_named = lambda *a: calls.append("global") or real(*a)  # type: ignore[method-assign]
+    dropped = _key(__name__="other", a="1")
+    kept = _key(__name__="m1", a="1")
+    assert p.decide(dropped)[1:] == (stage_mod.RULES,) and calls == []
+    assert p.decide(kept)[1] != stage_mod.RULES and calls == ["global"]
+    assert p._name_drops == {"other": True, "m1": False}
+    assert p.decide(_key(a="1"))[1:] == (stage_mod.RULES,)  # no metric name: the rules' path, same answer
+
+
+@pytest.mark.parametrize("config", [
+    pytest.param(Config(global_relabel=(parse_relabel_config({"target_label": "x", "replacement": "y"}),),
+                        destinations=(DestinationConfig(name="d", url="http://127.0.0.1:1/w",
+                                                        write_relabel_configs=(_NAME_FILTERS[0],)),)),
+                 id="global rules run first"),
+    pytest.param(Config(destinations=(
+        DestinationConfig(name="d0", url="http://127.0.0.1:1/w", write_relabel_configs=(_NAME_FILTERS[0],)),
+        DestinationConfig(name="d1", url="http://127.0.0.1:1/w"))), id="a destination without rules"),
+    pytest.param(Config(destinations=(DestinationConfig(name="d", url="http://127.0.0.1:1/w", write_relabel_configs=(
+        parse_relabel_config({"source_labels": ["__name__"], "regex": "m.*", "action": "keep"}),)),)),
+        id="a regex that is not a list of names"),
+    pytest.param(Config(destinations=(DestinationConfig(name="d", url="http://127.0.0.1:1/w", write_relabel_configs=(
+        parse_relabel_config({"regex": "a", "action": "labeldrop"}), _NAME_FILTERS[0])),)),
+        id="the filter is not the first rule"),
+])
+def test_the_drop_by_name_answer_is_off_where_the_name_alone_does_not_decide(config: Config) -> None:
+    assert pipeline(config, AmpLimits())._name_drops is None
+
+
+def test_the_drop_by_name_memo_never_holds_more_than_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pipeline_mod, "_MAX_NAME_DROPS", 3)
+    p = _one_destination({"source_labels": ["__name__"], "regex": "m1", "action": "keep"})
+    for i in range(10):
+        assert p.decide(_key(__name__=f"n{i}"))[1:] == (stage_mod.RULES,)
+        assert p._name_drops is not None and len(p._name_drops) <= 3
+    assert p.decide(_key(__name__="m1"))[1] != stage_mod.RULES
