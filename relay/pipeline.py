@@ -42,11 +42,12 @@ from relay.labels import METRIC_NAME, Labels
 from relay.limits import AmpLimits, CollisionDetector, amp_violation_named
 from relay.metrics import RelayMetrics
 from relay.queue import DurableQueue, Piece
+from relay.rule_plan import Names
 from relay.rules import Rules
-from relay.stage import RULES, DestinationStage, metadata_entries
+from relay.stage import POS_SHIFT, RULES, DestinationStage, metadata_entries
 from relay.stage import route_hits as _route_hits
 
-_MAX_NAME_DROPS = 4_096  # metric names remembered by decide()'s drop-by-name answer
+_MAX_NAME_DROPS = 4_096  # metric names (and name tuples) remembered by decide()'s short answers
 log = logging.getLogger(__name__)
 
 # decision cache budget, as server.decision_cache's default: ~4M dcgm-like series in native tables
@@ -143,6 +144,14 @@ class Pipeline:
         # metric name -> every destination's rules drop it (Rules.name_gates; None: not known so)
         self._name_drops: dict[str, bool] | None = {} if self.rules.name_gates is not None else None
         self._all_rules = (RULES,) * len(self.stages)
+        # every destination sends every sendable input with the external labels added, and nothing
+        # else changes it: decide()'s second shortest path, the same decision for all of them
+        self._ext_only = (self.rules.external_only and all(self.rules.destination_identity)
+                          and all(stage.aggregator is None for stage in self.stages))
+        self._ext_bytes = external
+        # label names -> (where the external labels go in, the names with them), when the series
+        # lacks every one and they go in together (else None: the general path)
+        self._ext_at: dict[Names, tuple[int, Names] | None] = {}
 
     def _take_over(self, previous: Pipeline) -> None:
         """On reload, keep per-series state: collision owners per destination, and aggregation
@@ -203,6 +212,10 @@ class Pipeline:
                 else:
                     out.append(stage.decide(key, labels, True, self._scratch, -1, names))
             return tuple(out)
+        if self._ext_only and canonical and metric_in:
+            sent = self._with_external(key, labels, names, metric_in)
+            if sent is not None:
+                return ((key, in_id, metric_in), *(sent,) * len(self.stages))
         rules = self.rules
         if rules.global_identity:  # decoded labels have no empty value: sendable iff a metric name
             base = (labels, names) if metric_in else None
@@ -222,6 +235,41 @@ class Pipeline:
                 splice, spliced = (self._splice(labels, plain, key) if canonical else None), True
             out.append(stage.decide(key, result[0], result[0] == plain, self._scratch, splice, result[1]))
         return tuple(out)
+
+    def _with_external(self, key: bytes, labels: Labels, names: Names, metric: str) -> wire.DestDecision | None:
+        """For ``_ext_only``, a canonical key with a metric name: what every destination's
+        ``stage.decide`` answers (the external labels spliced into the key), where they all go in
+        at one place and no AMP limit is crossed; else None (the general path decides)."""
+        try:
+            at = self._ext_at[names]
+        except KeyError:
+            at = self._ext_place(names)
+        if at is None:
+            return None
+        i, plain_names = at
+        plain = (*labels[:i], *self._external, *labels[i:])
+        pos = label_codec.entry_offset(key, i)
+        ext = self._ext_bytes
+        full = key[:pos] + ext + key[pos:]
+        size = len(full)
+        for stage in self.stages:
+            if amp_violation_named(plain, plain_names, size, stage.amp_limits) is not None:
+                return None
+        self._scratch[full] = plain
+        return (ext, label_codec.series_id(full) | (pos + 1) << POS_SHIFT, metric)
+
+    def _ext_place(self, names: Names) -> tuple[int, Names] | None:
+        ext_names = [n for n, _ in self._external]
+        i = bisect.bisect_left(names, ext_names[0])
+        at: tuple[int, Names] | None = None
+        # no name of the series sorts from the first external label to the last: they go in
+        # together, and the series has none of them (its own label would win)
+        if i == len(names) or ext_names[-1] < names[i]:
+            at = (i, (*names[:i], *ext_names, *names[i:]))
+        if len(self._ext_at) >= _MAX_NAME_DROPS:
+            self._ext_at.clear()
+        self._ext_at[names] = at
+        return at
 
     def _splice(self, labels: Labels, plain: Labels, key: bytes) -> int | None:
         """For a canonical key: -1 when ``plain`` (labels + external labels) is the key's own label

@@ -97,6 +97,7 @@ class Rules:
         # nothing before the destinations' rules (a sendable input is its own base), and which
         # destinations change nothing (their result is the base)
         self.global_identity = not self._external and not self._global
+        self.external_only = bool(self._external) and not self._global  # the base: labels + external labels
         self.destination_identity = tuple(not w and not p for w, p in zip(self._write, self._prune, strict=True))
         # no global rules, and every destination's rules begin with a keep/drop by literal metric
         # names (rule_plan.name_filter): (keep, names) each, so decide() can answer "every

@@ -501,3 +501,70 @@ def test_the_drop_by_name_memo_never_holds_more_than_its_bound(monkeypatch: pyte
         assert p.decide(_key(__name__=f"n{i}"))[1:] == (stage_mod.RULES,)
         assert p._name_drops is not None and len(p._name_drops) <= 3
     assert p.decide(_key(__name__="m1"))[1] != stage_mod.RULES
+
+
+# ---- destinations that send every series with the external labels added, nothing else ----------
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 3), external_st.filter(bool), amp_st,
+       st.lists(key_sets(), min_size=1, max_size=3).map(lambda ks: [k for s in ks for k in s]))
+def test_decide_where_destinations_only_add_the_external_labels_equals_the_reference(
+        n_dest: int, external: Labels, amp: AmpLimits, keys: list[bytes]) -> None:
+    config = Config(external_labels=external, destinations=tuple(
+        DestinationConfig(name=f"d{i}", url="http://127.0.0.1:1/w") for i in range(n_dest)))
+    p = pipeline(config, amp)
+    assert p._ext_only and not p._as_is
+    for key in keys * 2:
+        want_scratch: dict[bytes, Labels] = {}
+        want = outcome(ref_decide, p, key, want_scratch)
+        p._scratch.clear()
+        assert outcome(p.decide, key) == want, (key, external)
+        if want[0] == "ok":
+            assert p._scratch == want_scratch
+
+
+@pytest.mark.parametrize(("external", "labels", "short"), [
+    ((("cluster", "c"),), {"__name__": "m", "pod": "p"}, True),  # one label, between two
+    ((("aa", "1"), ("ab", "2")), {"__name__": "m", "pod": "p"}, True),  # two, together
+    ((("zz", "1"),), {"__name__": "m", "pod": "p"}, True),  # at the end
+    ((("a", "1"), ("z", "2")), {"__name__": "m", "pod": "p"}, False),  # apart: pod between them
+    ((("pod", "mine"),), {"__name__": "m", "pod": "p"}, False),  # the series' own label wins
+])
+def test_the_external_labels_short_path_takes_only_series_they_all_go_into_at_one_place(
+        external: Labels, labels: dict[str, str], short: bool) -> None:
+    p = pipeline(Config(external_labels=external, destinations=(DestinationConfig(name="d", url="http://127.0.0.1:1/w"),)),
+                 AmpLimits())
+    key = _key(**labels)
+    got = p.decide(key)
+    assert (p._ext_at[tuple(sorted(labels))] is not None) == short
+    assert got == ref_decide(p, key, {})
+
+
+def test_the_external_labels_short_path_leaves_a_series_over_an_amp_limit_to_the_general_path() -> None:
+    p = pipeline(Config(external_labels=(("cluster", "c"),), destinations=(
+        DestinationConfig(name="d", url="http://127.0.0.1:1/w"),)), AmpLimits(max_labels=2))
+    key = _key(__name__="m", pod="p")  # 3 labels with cluster
+    got = p.decide(key)
+    assert got[1][0] == b"" and got == ref_decide(p, key, {})  # a drop, named as the reference names it
+
+
+@pytest.mark.parametrize("config", [
+    Config(external_labels=(("c", "1"),), global_relabel=(parse_relabel_config(
+        {"target_label": "x", "replacement": "y"}),), destinations=(DestinationConfig(name="d", url="http://x/w"),)),
+    Config(external_labels=(("c", "1"),), destinations=(DestinationConfig(name="d", url="http://x/w",
+                                                                          prune_labels=("b",)),)),
+    Config(external_labels=(("c", "1"),), destinations=(DestinationConfig(
+        name="d", url="http://x/w", aggregate=(AggregateConfig(match="m", without=("b",)),)),)),
+    Config(destinations=(DestinationConfig(name="d", url="http://x/w"),)),  # no external labels: _as_is
+], ids=["global rules", "prune", "aggregation", "no external labels"])
+def test_the_external_labels_short_path_is_off_where_anything_else_changes_a_series(config: Config) -> None:
+    assert not pipeline(config, AmpLimits())._ext_only
+
+
+def test_the_external_labels_place_memo_never_holds_more_than_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pipeline_mod, "_MAX_NAME_DROPS", 3)
+    p = pipeline(Config(external_labels=(("cluster", "c"),), destinations=(
+        DestinationConfig(name="d", url="http://127.0.0.1:1/w"),)), AmpLimits())
+    for i in range(10):
+        key = wire.encode_labels((("__name__", "m"), (f"l{i}", "v")))
+        assert p.decide(key) == ref_decide(p, key, {})
+        assert len(p._ext_at) <= 3
