@@ -99,7 +99,12 @@ _ROWS_PER_INSERT = 1000  # 7 values a row: well below SQLite's 32,766 variables 
 # a power of two, so that at most _EXACT_ROWS + 5 shapes are ever prepared, whatever max_shards is.
 _EXACT_ROWS = 32
 _PAGES = "SELECT * FROM pragma_page_count(), pragma_freelist_count()"  # both in one statement
-MEMORY_BYTES = 8 << 20  # committed rows kept in memory for peek, at most (stored bytes + overhead)
+# Committed rows kept in memory for peek, at most (stored bytes + overhead). A shard whose rows do
+# not all fit is read from the file (about 0.1 ms a row) until its backlog is gone. Issue 9's
+# pass-through burst backs a queue up by ~30 MiB of compressed rows: at 8 MiB nine peeks in ten
+# read the file and 0.44 s of CPU went on acks' own transactions; at 32 MiB one in eight, and the
+# job costs ~8% less CPU for ~20 MiB more peak RSS (still below vmagent's; bench/README).
+MEMORY_BYTES = 32 << 20
 
 
 # What a row costs in GIL hand-offs: CPython 3.11's sqlite3 releases the GIL for each row it steps to
