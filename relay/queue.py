@@ -391,6 +391,8 @@ class DurableQueue(QueueState):
                     self._recent.add(
                         Entry(rid, shard, stored, samples, now, oldest, raw_len)
                         for rid, (shard, stored, raw_len, _crc, _size, samples, oldest) in stored_rows)
+                if self._acked_early:
+                    self._count_early_acks(last_id)  # before the consumers' thresholds are checked
                 self._apply_added(added)
                 self._last_id = max(self._last_id, last_id)  # (_apply_added woke the shards' consumers)
             self._maintain(db, free_pages)

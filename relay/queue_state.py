@@ -29,6 +29,9 @@ class QueueState:
         self._delivered: set[int] = set()  # acked ids whose delete is not written yet
         self._acked: dict[int, tuple[int, int]] = {}  # those of them that were held: id -> (shard, samples)
         self._acked_counts: dict[int, list[int]] = {}  # shard -> [entries, samples] of _acked
+        # those of _acked read from the file after their commit but acked before it counted them
+        # (id > _last_id): in _acked_counts once it has (_count_early_acks)
+        self._acked_early: set[int] = set()
         self._last_id = 0
 
     def _note_acked(self, ids: Sequence[int]) -> None:
@@ -44,9 +47,22 @@ class QueueState:
                 count = held.pop(rid, None) or count
             if count is not None:
                 self._acked[rid] = count
+                if rid > self._last_id:  # its put has not counted it yet: nor is its ack subtracted
+                    self._acked_early.add(rid)
+                    continue
                 c = self._acked_counts.setdefault(count[0], [0, 0])
                 c[0] += 1
                 c[1] += count[1]
+
+    def _count_early_acks(self, last_id: int) -> None:
+        """Under _cond, as a commit counts its rows (ids up to ``last_id``): the acks of those rows
+        that came in before leave the backlog now."""
+        for rid in [r for r in self._acked_early if r <= last_id]:
+            self._acked_early.discard(rid)
+            shard, samples = self._acked[rid]
+            c = self._acked_counts.setdefault(shard, [0, 0])
+            c[0] += 1
+            c[1] += samples
 
     def _forget_delivered(self, ids: Iterable[int]) -> None:
         """Under _cond: the rows of these delivered ids are deleted from the file (their counts went
@@ -54,7 +70,9 @@ class QueueState:
         for rid in ids:
             self._delivered.discard(rid)
             count = self._acked.pop(rid, None)
-            if count is not None:
+            if count is not None and rid in self._acked_early:  # (never counted)
+                self._acked_early.discard(rid)
+            elif count is not None:
                 c = self._acked_counts[count[0]]
                 c[0] -= 1
                 c[1] -= count[1]

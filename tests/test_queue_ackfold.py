@@ -362,3 +362,46 @@ def test_a_wait_for_a_fuller_batch_is_not_woken_by_samples_already_acked(tmp_pat
     Gate.fail = None
     q.close()  # writes the ack
     assert rows_on_file(tmp_path / "q.db") == [b"b"]
+
+
+class HeldAfterCommit(sqlite3.Connection):
+    """A real connection whose COMMIT, once done, waits on ``hold``: the rows are on file (a consumer
+    reading the file sees them) but the committing put has not counted them yet."""
+
+    hold: threading.Event | None = None
+    entered = threading.Event()
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+        cur = super().execute(sql, *args)
+        if sql == "COMMIT" and HeldAfterCommit.hold is not None:
+            HeldAfterCommit.entered.set()
+            HeldAfterCommit.hold.wait(10)
+        return cur
+
+
+def test_an_entry_acked_before_its_own_commit_counted_it_never_takes_the_backlog_below_what_is_queued(
+    tmp_path: Path,
+) -> None:
+    q = DurableQueue(tmp_path / "q.db", 1 << 30, durability="normal", memory_bytes=0,
+                     connection_factory=HeldAfterCommit)
+    q.put([(0, b"a", 2, 0)])
+    release = threading.Event()
+    HeldAfterCommit.hold, HeldAfterCommit.entered = release, threading.Event()
+    t = threading.Thread(target=q.put, args=([(0, b"b", 3, 0)],))
+    t.start()
+    try:
+        assert HeldAfterCommit.entered.wait(5)
+        held = q.peek(0, 10)  # read from the file: b is there, though its put has not counted it yet
+        assert [e.payload for e in held] == [b"a", b"b"]
+        q.ack([e.id for e in held])
+        assert q.backlog(0) == (0, 0)  # was (-1, -3): b's ack subtracted before b was added
+    finally:
+        HeldAfterCommit.hold = None
+        release.set()
+        t.join(5)
+    assert not t.is_alive()
+    assert q.backlog(0) == (0, 0) and q.shards() == []  # the put wrote both acks on its way out
+    assert rows_on_file(tmp_path / "q.db") == []
+    q.put([(0, b"c", 1, 0)])
+    assert q.backlog(0) == (1, 1)
+    q.close()
