@@ -38,21 +38,22 @@ class QueueState:
         """Under _cond: ``ids`` are delivered. They leave the shard's backlog now, though their rows
         stay on file (and in the depth) until the delete is written; an id acked twice, or never
         handed out, changes no count."""
-        for rid in ids:
-            if rid in self._delivered:
+        fresh = set(ids).difference(self._delivered)
+        if not fresh:
+            return
+        self._delivered |= fresh
+        found: dict[int, tuple[int, int]] = {}
+        for held in self._held.values():  # (set operations: no Python loop over what is not held)
+            for rid in held.keys() & fresh:
+                found[rid] = held.pop(rid)
+        for rid, count in found.items():
+            self._acked[rid] = count
+            if rid > self._last_id:  # its put has not counted it yet: nor is its ack subtracted
+                self._acked_early.add(rid)
                 continue
-            self._delivered.add(rid)
-            count = None
-            for held in self._held.values():
-                count = held.pop(rid, None) or count
-            if count is not None:
-                self._acked[rid] = count
-                if rid > self._last_id:  # its put has not counted it yet: nor is its ack subtracted
-                    self._acked_early.add(rid)
-                    continue
-                c = self._acked_counts.setdefault(count[0], [0, 0])
-                c[0] += 1
-                c[1] += count[1]
+            c = self._acked_counts.setdefault(count[0], [0, 0])
+            c[0] += 1
+            c[1] += count[1]
 
     def _count_early_acks(self, last_id: int) -> None:
         """Under _cond, as a commit counts its rows (ids up to ``last_id``): the acks of those rows
