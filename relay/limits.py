@@ -121,6 +121,20 @@ def amp_violation_named(labels: Labels, names: tuple[str, ...], size: int, limit
     return amp_violation(labels, limits)
 
 
+def fits_named(names: tuple[str, ...], limits: AmpLimits) -> int:
+    """The largest encoded size up to which ``amp_violation_named`` answers None for a label set
+    with these names and a valid metric name (``metric_ok``), without looking at its values; -1
+    where the names alone make it look closer."""
+    if len(names) > limits.max_labels or len(names) > MAX_MEMO_NAMES or not _names_ok(names, limits):
+        return -1
+    return limits.max_value_len
+
+
+def metric_ok(metric: str) -> bool:
+    """The metric name is known valid (memoised by ``amp_violation_named``); False: not known so."""
+    return _METRIC_OK.get(metric) is True
+
+
 def _names_ok(names: tuple[str, ...], limits: AmpLimits) -> bool:
     """No label-name reason to reject: few enough, unique, a metric name, the others valid and short."""
     if len(names) > limits.max_labels or len(set(names)) != len(names) or METRIC_NAME not in names:

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from relay import label_codec, wire
+from relay import label_codec, limits, wire
 from relay.cardinality import CardinalityMetrics, CSeriesTracker, DestinationStats, SeriesTracker
 from relay.config import Config
 from relay.decision_cache import DecisionCache
@@ -151,7 +151,7 @@ class Pipeline:
         self._ext_bytes = external
         # label names -> (where the external labels go in, the names with them), when the series
         # lacks every one and they go in together (else None: the general path)
-        self._ext_at: dict[Names, tuple[int, Names] | None] = {}
+        self._ext_at: dict[Names, tuple[int, Names, int] | None] = {}
 
     def _take_over(self, previous: Pipeline) -> None:
         """On reload, keep per-series state: collision owners per destination, and aggregation
@@ -246,26 +246,31 @@ class Pipeline:
             at = self._ext_place(names)
         if at is None:
             return None
-        i, plain_names = at
+        i, plain_names, fits = at
         plain = (*labels[:i], *self._external, *labels[i:])
         pos = label_codec.entry_offset(key, i)
         ext = self._ext_bytes
         full = key[:pos] + ext + key[pos:]
         size = len(full)
-        for stage in self.stages:
-            if amp_violation_named(plain, plain_names, size, stage.amp_limits) is not None:
-                return None
+        if size > fits or not limits.metric_ok(metric):  # else amp_violation_named answers None for all
+            for stage in self.stages:
+                if amp_violation_named(plain, plain_names, size, stage.amp_limits) is not None:
+                    return None
         self._scratch[full] = plain
         return (ext, label_codec.series_id(full) | (pos + 1) << POS_SHIFT, metric)
 
-    def _ext_place(self, names: Names) -> tuple[int, Names] | None:
+    def _ext_place(self, names: Names) -> tuple[int, Names, int] | None:
         ext_names = [n for n, _ in self._external]
         i = bisect.bisect_left(names, ext_names[0])
-        at: tuple[int, Names] | None = None
+        at: tuple[int, Names, int] | None = None
         # no name of the series sorts from the first external label to the last: they go in
         # together, and the series has none of them (its own label would win)
         if i == len(names) or ext_names[-1] < names[i]:
-            at = (i, (*names[:i], *ext_names, *names[i:]))
+            plain_names = (*names[:i], *ext_names, *names[i:])
+            # the largest size every destination's AMP limits take with these names without a
+            # closer look (-1: some destination looks closer whatever the size)
+            fits = min(limits.fits_named(plain_names, stage.amp_limits) for stage in self.stages)
+            at = (i, plain_names, fits)
         if len(self._ext_at) >= _MAX_NAME_DROPS:
             self._ext_at.clear()
         self._ext_at[names] = at

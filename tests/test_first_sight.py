@@ -568,3 +568,30 @@ def test_the_external_labels_place_memo_never_holds_more_than_its_bound(monkeypa
         key = wire.encode_labels((("__name__", "m"), (f"l{i}", "v")))
         assert p.decide(key) == ref_decide(p, key, {})
         assert len(p._ext_at) <= 3
+
+
+@pytest.mark.parametrize(("names", "amp", "want"), [
+    (("__name__", "a", "cluster"), AmpLimits(), AmpLimits().max_value_len),
+    (("__name__", "a", "cluster"), AmpLimits(max_labels=2), -1),  # too many labels
+    (("__name__", "a-b"), AmpLimits(), -1),  # not a valid label name
+    (("a", "b"), AmpLimits(), -1),  # no metric name
+    (("__name__", "abcdefghij"), AmpLimits(max_name_len=4), -1),  # a name too long
+    (("__name__", *[f"l{i:03}" for i in range(limits.MAX_MEMO_NAMES)]), AmpLimits(max_labels=1000), -1),
+])
+def test_fits_named_is_the_size_up_to_which_the_names_alone_never_make_amp_look_closer(
+        names: tuple[str, ...], amp: AmpLimits, want: int) -> None:
+    assert limits.fits_named(names, amp) == want
+    if want > 0:  # and amp_violation_named agrees at that size, once the metric is known valid
+        labels = tuple((n, "m" if n == "__name__" else "v") for n in names)
+        assert limits.amp_violation_named(labels, names, want, amp) is None and limits.metric_ok("m")
+        assert limits.amp_violation_named(labels, names, want + 1, amp) == amp_violation(labels, amp)
+
+
+def test_metric_ok_is_true_only_for_a_metric_name_memoised_as_valid() -> None:
+    limits._METRIC_OK.pop("never_seen_metric", None)
+    assert not limits.metric_ok("never_seen_metric")
+    labels = (("__name__", "never_seen_metric"),)
+    assert limits.amp_violation_named(labels, ("__name__",), 30, AmpLimits()) is None
+    assert limits.metric_ok("never_seen_metric")
+    assert limits.amp_violation_named((("__name__", "1bad"),), ("__name__",), 30, AmpLimits()) is not None
+    assert not limits.metric_ok("1bad")
