@@ -71,6 +71,18 @@ def outcome(fn: Any, *args: Any) -> tuple[str, object]:
         return "error", (type(e), e.status, e.message)
 
 
+def decides_as_the_reference(p: Pipeline, keys: list[bytes], context: object) -> None:
+    """``p.decide`` answers each key (in order: memos warm up) as the frozen reference does, errors
+    and what it leaves in the request's scratch map included."""
+    for key in keys:
+        want_scratch: dict[bytes, Labels] = {}
+        want = outcome(ref_decide, p, key, want_scratch)
+        p._scratch.clear()
+        assert outcome(p.decide, key) == want, (key, context)
+        if want[0] == "ok":
+            assert p._scratch == want_scratch
+
+
 # ---- random configs and label sets ----------------------------------------------------------------
 
 
@@ -452,13 +464,7 @@ def test_decide_where_every_destination_begins_with_a_name_filter_equals_the_ref
         config: Config, amp: AmpLimits, keys: list[bytes]) -> None:
     p = pipeline(config, amp)
     assert p._name_drops is not None  # the drop-by-name answer is in use
-    for key in keys * 2:
-        want_scratch: dict[bytes, Labels] = {}
-        want = outcome(ref_decide, p, key, want_scratch)
-        p._scratch.clear()
-        assert outcome(p.decide, key) == want, (key, config)
-        if want[0] == "ok":
-            assert p._scratch == want_scratch
+    decides_as_the_reference(p, keys * 2, config)
 
 
 def test_a_series_dropped_by_every_destinations_name_filter_is_answered_without_the_rules() -> None:
@@ -513,13 +519,7 @@ def test_decide_where_destinations_only_add_the_external_labels_equals_the_refer
         DestinationConfig(name=f"d{i}", url="http://127.0.0.1:1/w") for i in range(n_dest)))
     p = pipeline(config, amp)
     assert p._ext_only and not p._as_is
-    for key in keys * 2:
-        want_scratch: dict[bytes, Labels] = {}
-        want = outcome(ref_decide, p, key, want_scratch)
-        p._scratch.clear()
-        assert outcome(p.decide, key) == want, (key, external)
-        if want[0] == "ok":
-            assert p._scratch == want_scratch
+    decides_as_the_reference(p, keys * 2, external)
 
 
 @pytest.mark.parametrize(("external", "labels", "short"), [
