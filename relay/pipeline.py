@@ -47,7 +47,7 @@ from relay.rules import Rules
 from relay.stage import POS_SHIFT, RULES, DestinationStage, metadata_entries
 from relay.stage import route_hits as _route_hits
 
-_MAX_NAME_DROPS = 4_096  # metric names (and name tuples) remembered by decide()'s short answers
+_MAX_SHORT_MEMO = 4_096  # entries of each of decide()'s short-path memos (metric names, name tuples)
 log = logging.getLogger(__name__)
 
 # decision cache budget, as server.decision_cache's default: ~4M dcgm-like series in native tables
@@ -197,7 +197,7 @@ class Pipeline:
         if drops is not None and metric_in:  # (decoded names are unique: one __name__, as the rules read it)
             dropped = drops.get(metric_in)
             if dropped is None:
-                if len(drops) >= _MAX_NAME_DROPS:
+                if len(drops) >= _MAX_SHORT_MEMO:
                     drops.clear()
                 dropped = drops[metric_in] = self.rules.dropped_by_name(metric_in)
             if dropped:  # what the general path below answers, without building the rules' input
@@ -271,7 +271,7 @@ class Pipeline:
             # closer look (-1: some destination looks closer whatever the size)
             fits = min(limits.fits_named(plain_names, stage.amp_limits) for stage in self.stages)
             at = (i, plain_names, fits)
-        if len(self._ext_at) >= _MAX_NAME_DROPS:
+        if len(self._ext_at) >= _MAX_SHORT_MEMO:
             self._ext_at.clear()
         self._ext_at[names] = at
         return at

@@ -71,14 +71,16 @@ class QueueState:
         for rid in ids:
             self._delivered.discard(rid)
             count = self._acked.pop(rid, None)
-            if count is not None and rid in self._acked_early:  # (never counted)
+            if count is None:
+                continue
+            if rid in self._acked_early:  # never counted: nothing to take back
                 self._acked_early.discard(rid)
-            elif count is not None:
-                c = self._acked_counts[count[0]]
-                c[0] -= 1
-                c[1] -= count[1]
-                if c[0] <= 0:
-                    del self._acked_counts[count[0]]
+                continue
+            c = self._acked_counts[count[0]]
+            c[0] -= 1
+            c[1] -= count[1]
+            if c[0] <= 0:
+                del self._acked_counts[count[0]]
 
     def _waiting(self, shard: int) -> tuple[int, int]:
         """Under _cond: (entries, samples) of a shard not yet delivered."""

@@ -103,9 +103,9 @@ class Rules:
         # names (rule_plan.name_filter): (keep, names) each, so decide() can answer "every
         # destination's rules drop it" from the metric name alone, before anything is built
         filters = [name_filter(w[0]) if w else None for w in self._write]
+        gates = [f for f in filters if f is not None]
         self.name_gates: tuple[tuple[bool, frozenset[str]], ...] | None = (
-            tuple(f for f in filters if f is not None)
-            if not self._global and filters and None not in filters else None)
+            tuple(gates) if not self._global and filters and len(gates) == len(filters) else None)
 
     def dropped_by_name(self, metric: str) -> bool:
         """Every destination's first rule drops a series named ``metric`` (``name_gates`` set)."""

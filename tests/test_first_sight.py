@@ -501,7 +501,7 @@ def test_the_drop_by_name_answer_is_off_where_the_name_alone_does_not_decide(con
 
 
 def test_the_drop_by_name_memo_never_holds_more_than_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pipeline_mod, "_MAX_NAME_DROPS", 3)
+    monkeypatch.setattr(pipeline_mod, "_MAX_SHORT_MEMO", 3)
     p = _one_destination({"source_labels": ["__name__"], "regex": "m1", "action": "keep"})
     for i in range(10):
         assert p.decide(_key(__name__=f"n{i}"))[1:] == (stage_mod.RULES,)
@@ -561,7 +561,7 @@ def test_the_external_labels_short_path_is_off_where_anything_else_changes_a_ser
 
 
 def test_the_external_labels_place_memo_never_holds_more_than_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pipeline_mod, "_MAX_NAME_DROPS", 3)
+    monkeypatch.setattr(pipeline_mod, "_MAX_SHORT_MEMO", 3)
     p = pipeline(Config(external_labels=(("cluster", "c"),), destinations=(
         DestinationConfig(name="d", url="http://127.0.0.1:1/w"),)), AmpLimits())
     for i in range(10):
