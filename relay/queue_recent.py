@@ -52,7 +52,7 @@ class RecentRows:
         for e in entries:
             shard = e.shard
             size = len(e.stored) + ROW_OVERHEAD_BYTES
-            if self.nbytes + size > self.max_bytes:
+            if self.nbytes + size > self.max_bytes and not self._make_room(shard, size):
                 self._drop(shard)
                 self._behind[shard] = self._behind.get(shard, 0) + 1
                 continue
@@ -101,6 +101,21 @@ class RecentRows:
         self._rows.clear()
         self._shard_of.clear()
         self.nbytes = 0
+
+    def _make_room(self, shard: int, size: int) -> bool:
+        """Room for a row of ``shard``: the rows of shards already read from the file go first, then
+        those of the shard holding the most rows (a shard whose destination is down would else
+        fill memory and push out the shards that keep up). False: ``shard`` itself is that one."""
+        for other in [b for b in self._behind if b != shard and b in self._rows]:
+            self._drop(other)
+            if self.nbytes + size <= self.max_bytes:
+                return True
+        while self.nbytes + size > self.max_bytes:
+            largest = max(self._rows, key=lambda b: len(self._rows[b]), default=shard)
+            if largest == shard:
+                return False
+            self._drop(largest)
+        return True
 
     def _drop(self, shard: int) -> None:
         got = self._rows.pop(shard, {})

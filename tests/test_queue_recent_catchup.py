@@ -39,3 +39,19 @@ def test_a_shard_that_outgrew_memory_is_served_from_memory_again_once_the_consum
     assert q.backlog(0)[0] == 1
     assert q._recent.cached(0), "shard 0 is still read from the file after it caught up"
     q.close()
+
+
+def test_a_shard_whose_consumer_is_down_never_pushes_a_shard_that_keeps_up_out_of_memory(tmp_path: Path) -> None:
+    row = ROW_OVERHEAD_BYTES + 10
+    q = DurableQueue(tmp_path / "q.db", 1 << 30, memory_bytes=6 * row)
+    try:
+        for i in range(200):  # shard 0's destination is down: never acked; shard 1 keeps up
+            got = q.peek(1, 1000)
+            q.put([(0, b"%010d" % i, 1, 0), (1, b"%010d" % i, 1, 0)])
+            q.ack([e.id for e in got])
+            assert q._recent.cached(1), f"shard 1 read from the file after put {i}"
+            assert q._recent.nbytes <= 6 * row
+        assert not q._recent.cached(0) and q.backlog(0) == (200, 200)
+        assert [e.payload for e in q.peek(0, 1000)][:2] == [b"0000000000", b"0000000001"]  # from the file
+    finally:
+        q.close()
