@@ -48,6 +48,7 @@ from relay.stage import POS_SHIFT, RULES, DestinationStage, metadata_entries
 from relay.stage import route_hits as _route_hits
 
 _MAX_SHORT_MEMO = 4_096  # entries of each of decide()'s short-path memos (metric names, name tuples)
+_MAX_MEMO_NAME_CHARS = 2_048  # name tuples longer in all are decided, not memoised
 log = logging.getLogger(__name__)
 
 # decision cache budget, as server.decision_cache's default: ~4M dcgm-like series in native tables
@@ -197,9 +198,11 @@ class Pipeline:
         if drops is not None and metric_in:  # (decoded names are unique: one __name__, as the rules read it)
             dropped = drops.get(metric_in)
             if dropped is None:
-                if len(drops) >= _MAX_SHORT_MEMO:
-                    drops.clear()
-                dropped = drops[metric_in] = self.rules.dropped_by_name(metric_in)
+                dropped = self.rules.dropped_by_name(metric_in)
+                if len(metric_in) <= limits.MAX_MEMO_TEXT:  # (a hostile name is not kept)
+                    if len(drops) >= _MAX_SHORT_MEMO:
+                        drops.clear()
+                    drops[metric_in] = dropped
             if dropped:  # what the general path below answers, without building the rules' input
                 return ((key, in_id, metric_in), *self._all_rules)
         out: list[wire.DestDecision | None] = [(key, in_id, metric_in)]
@@ -271,9 +274,10 @@ class Pipeline:
             # closer look (-1: some destination looks closer whatever the size)
             fits = min(limits.fits_named(plain_names, stage.amp_limits) for stage in self.stages)
             at = (i, plain_names, fits)
-        if len(self._ext_at) >= _MAX_SHORT_MEMO:
-            self._ext_at.clear()
-        self._ext_at[names] = at
+        if len(names) <= limits.MAX_MEMO_NAMES and sum(map(len, names)) <= _MAX_MEMO_NAME_CHARS:
+            if len(self._ext_at) >= _MAX_SHORT_MEMO:
+                self._ext_at.clear()
+            self._ext_at[names] = at  # (hostile label names are not kept)
         return at
 
     def _splice(self, labels: Labels, plain: Labels, key: bytes) -> int | None:

@@ -595,3 +595,18 @@ def test_metric_ok_is_true_only_for_a_metric_name_memoised_as_valid() -> None:
     assert limits.metric_ok("never_seen_metric")
     assert limits.amp_violation_named((("__name__", "1bad"),), ("__name__",), 30, AmpLimits()) is not None
     assert not limits.metric_ok("1bad")
+
+
+def test_the_short_path_memos_keep_no_hostile_metric_name_or_label_names() -> None:
+    keep = {"source_labels": ["__name__"], "regex": "m1", "action": "keep"}
+    p = _one_destination(keep)
+    long_name = "x" * (limits.MAX_MEMO_TEXT + 1)
+    key = _key(__name__=long_name)
+    assert p.decide(key) == ref_decide(p, key, {}) and p._name_drops == {}  # decided, not kept
+    q = pipeline(Config(external_labels=(("cluster", "c"),), destinations=(
+        DestinationConfig(name="d", url="http://127.0.0.1:1/w"),)), AmpLimits(max_name_len=1 << 20))
+    key = wire.encode_labels((("__name__", "m"), ("l" * (pipeline_mod._MAX_MEMO_NAME_CHARS + 1), "v")))
+    assert q.decide(key) == ref_decide(q, key, {}) and q._ext_at == {}
+    key = _key(__name__="m", pod="p")
+    q.decide(key)
+    assert list(q._ext_at) == [("__name__", "pod")]  # an ordinary one is
