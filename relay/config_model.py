@@ -88,6 +88,9 @@ class QueueConfig:
     max_sample_age: float = 3600.0
     max_disk: int = 1024 * MiB
     timeout: float = 30.0  # per HTTP request
+    # the fewest shards the sender runs; it runs more, up to max_shards, when sending falls behind
+    # (relay.shardplan; Prometheus's min_shards, same default)
+    min_shards: int = 1
 
 
 def no_headers() -> Mapping[str, str]:

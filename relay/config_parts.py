@@ -30,8 +30,8 @@ _RESERVED_HEADERS = (
 _SIGV4_HEADERS = ("authorization", "x-amz-date", "x-amz-security-token", "x-amz-content-sha256")
 _AMP_HOST_RE = re.compile(r"aps-workspaces(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com")
 _REGION_RE = re.compile(r"[a-z0-9-]+")
-QUEUE_KEYS = ("max_samples_per_send", "batch_send_deadline", "max_shards", "min_backoff", "max_backoff",
-              "max_sample_age", "max_disk", "timeout")  # fmt: skip
+QUEUE_KEYS = ("max_samples_per_send", "batch_send_deadline", "max_shards", "min_shards", "min_backoff",
+              "max_backoff", "max_sample_age", "max_disk", "timeout")  # fmt: skip
 NULL_RULE = "empty or null relabeling rule"  # Prometheus's words
 
 
@@ -192,7 +192,11 @@ def queue(r: Reader, m: Mapping[str, Node], paths: Mapping[str, str]) -> QueueCo
         r.duration(n("max_sample_age"), p("max_sample_age"), d.max_sample_age, positive=True),
         r.size(n("max_disk"), p("max_disk"), d.max_disk),
         r.duration(n("timeout"), p("timeout"), d.timeout, positive=True),
+        min_shards=r.integer(n("min_shards"), p("min_shards"), d.min_shards),
     )
+    if q.min_shards > q.max_shards:
+        r.error(n("min_shards") or m["min_shards"], p("min_shards"),
+                f"must not be greater than max_shards ({q.max_shards})")
     if q.min_backoff > q.max_backoff and not (r.is_absent(n("min_backoff")) and r.is_absent(n("max_backoff"))):
         at = n("min_backoff") or m["max_backoff"]
         r.error(at, p("min_backoff"), "must not be greater than max_backoff")

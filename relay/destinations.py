@@ -53,6 +53,8 @@ class Destination:
     queue: DurableQueue | None
     sender: Sender | None
     credentials: str = "none"  # how it authenticates, for the start-up line and the status page
+    # the shard count the pipeline shards its series under now (relay.shardplan changes it)
+    shards: int = 1
 
 
 def sender_key(d: DestinationConfig) -> tuple[Any, ...]:
@@ -229,8 +231,9 @@ def _prepare_one(
         stats = DestinationStats(d.name, window_s=d.limits.window, metrics=cm)
         gen.new_stats.append((d.name, old.stats if old is not None else None))
     method = credential_method(d)
+    shards = d.queue.min_shards
     if old is not None and sender_key(old.config) == sender_key(d) and _same_queue(old, storage, d):
-        return Destination(d, stats, old.queue, old.sender, method)
+        return Destination(d, stats, old.queue, old.sender, method, old.shards)
     queue: DurableQueue | None = None
     sender: Sender | None = None
     if not d.dry_run:
@@ -252,6 +255,7 @@ def _prepare_one(
                 raise SetupError(d.name, f"its queue {path}", e,
                                  "check that storage.path is writable and has free space") from None
             gen.opened.append(queue)
+        shards = start_shards(queue, d, old.shards if old is not None and old.queue is queue else None)
         auth = getattr(transport, "auth", None)
         resolved = getattr(auth, "method", None)
         if isinstance(resolved, str) and resolved:
@@ -262,17 +266,31 @@ def _prepare_one(
             headers=d.headers, auth_refresh=auth_refresh, user_agent=f"gpu-relay/{__version__}",
         )
         gen.start_senders.append(sender)
-        gen.shard_counts.append((sender, d.queue.max_shards))
+        gen.shard_counts.append((sender, shards))
         if old is not None and old.sender is not None and old.queue is queue:
             sender.predecessor = old.sender  # sends nothing until the old one's threads are gone
-        if old is not None and old.queue is queue and old.config.queue.max_shards != d.queue.max_shards:
+        if old is not None and old.queue is queue and old.shards != shards:
             gen.barriers.append((sender, queue))
     if old is not None:
         if old.sender is not None:
             gen.stop_senders.append(old.sender)
         if old.queue is not None and old.queue is not queue:
             gen.close_queues.append(old.queue)
-    return Destination(d, stats, queue, sender, method)
+    return Destination(d, stats, queue, sender, method, shards)
+
+
+def start_shards(queue: DurableQueue, d: DestinationConfig, running: int | None) -> int:
+    """The shard count a new sender on ``queue`` starts with, between ``d``'s min_shards and
+    max_shards: the running one's (a reload), else the count its queued entries were sharded under
+    (a restart: no drain needed), else min_shards (relay.shardplan raises it when sending lags)."""
+    lo, hi = d.queue.min_shards, d.queue.max_shards
+    if running is None:
+        try:
+            recorded = queue.shard_count() if queue.shards() else None
+        except Exception:  # unreadable: start at the fewest (shard_barrier drains what is queued)
+            recorded = None
+        running = recorded or lo
+    return min(max(running, lo), hi)
 
 
 def shard_barrier(queue: DurableQueue, shards: int) -> int | None:

@@ -102,6 +102,11 @@ class RelayMetrics:
             p + "queue_max_bytes", "A destination's queue bound (max_disk): its files stay below it.",
             ["destination"], registry=registry,
         )
+        self.queue_shards = Gauge(
+            p + "queue_shards", "Shards a destination's sender runs now: between queue.min_shards and "
+            "queue.max_shards, as sending keeps up (Prometheus's prometheus_remote_storage_shards).",
+            ["destination"], registry=registry,
+        )
         self.queue_damaged_total = Counter(
             p + "queue_damaged", "Queue files found damaged or missing entries at open (set aside, "
             "what SQLite could read salvaged; see the ERROR log line for what was lost).",
@@ -114,7 +119,7 @@ class RelayMetrics:
             self.samples_kept_total, self.queue_samples, self.queue_bytes,
             self.oldest_queued_sample_age_seconds, self.samples_sent_total,
             self.send_duration_seconds, self.last_send_success_timestamp_seconds, self.queue_max_bytes,
-            self.queue_damaged_total,
+            self.queue_damaged_total, self.queue_shards,
         ):
             with contextlib.suppress(KeyError):
                 metric.remove(destination)

@@ -98,7 +98,10 @@ class Pipeline:
         previous: Pipeline | None = None,
         *,
         cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES,
+        shards: Sequence[int] | None = None,
     ) -> None:
+        """``shards``: each destination's shard count to start with (the sender's, which changes it
+        with :meth:`set_shards`); None: each one's max_shards."""
         self.config = config
         self.rules = Rules(config)
         self.metrics = metrics
@@ -121,6 +124,9 @@ class Pipeline:
                               self.collisions)
             for i, d in enumerate(config.destinations)
         ]
+        if shards is not None:
+            for stage, n in zip(self.stages, shards, strict=True):
+                stage.shards = max(1, n)
         self._external: Labels = tuple(sorted(config.external_labels))
         external = wire.encode_labels(self._external)
         for stage in self.stages:
@@ -133,8 +139,11 @@ class Pipeline:
         self._labels_of: Callable[[bytes], Labels] = self._scratch.__getitem__
         # (new stage, old stage) whose old aggregator's windows are still to be emitted (reload)
         self._orphans: list[tuple[DestinationStage, DestinationStage]] = []
-        # requests (and flushes) between routing and their queue writes: a reload waits for them
+        # requests (and flushes) between routing and their queue writes: a reload waits for them all,
+        # a change of a destination's shard count for those that began before it (their tickets)
         self._writers = 0
+        self._tickets: set[int] = set()
+        self._next_ticket = 0
         self._idle = threading.Condition(threading.Lock())
         if previous is not None:
             self._take_over(previous)
@@ -387,13 +396,18 @@ class Pipeline:
             if is_counter and (family in counters or len(counters) < MAX_COUNTER_FAMILIES):
                 counters[family] = now
 
-    def _begin_write(self) -> None:
+    def _begin_write(self) -> int:
         with self._idle:
             self._writers += 1
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            self._tickets.add(ticket)
+            return ticket
 
-    def _end_write(self) -> None:
+    def _end_write(self, ticket: int) -> None:
         with self._idle:
             self._writers -= 1
+            self._tickets.discard(ticket)
             self._idle.notify_all()
 
     def quiesce(self, timeout: float) -> bool:
@@ -402,14 +416,32 @@ class Pipeline:
         with self._idle:
             return self._idle.wait_for(lambda: self._writers == 0, timeout)
 
+    def set_shards(self, name: str, shards: int) -> int:
+        """Shard destination ``name``'s series under ``shards`` from the next routed request on;
+        returns the ticket mark for :meth:`wait_written`: every request or flush that may have been
+        routed under the old count holds a ticket below it. KeyError: no such destination."""
+        stage = next((st for st in self.stages if st.name == name), None)
+        if stage is None:
+            raise KeyError(name)
+        with self.lock:  # routes (and aggregation flushes) read stage.shards under it
+            stage.shards = max(1, int(shards))
+            with self._idle:
+                return self._next_ticket
+
+    def wait_written(self, mark: int, timeout: float) -> bool:
+        """Wait until every request or flush with a ticket below ``mark`` has written its pieces
+        (or failed). False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not any(t < mark for t in self._tickets), timeout)
+
     def ingest(self, v1: bytes) -> IngestResult:
         """Route and durably queue one request. Returns only when every destination's share is
         committed (or dropped by rules); storage errors propagate for the caller to answer 503."""
-        self._begin_write()
+        ticket = self._begin_write()
         try:
             return self._ingest(v1)
         finally:
-            self._end_write()
+            self._end_write(ticket)
 
     def _ingest(self, v1: bytes) -> IngestResult:
         result, pieces_per_dest = self.route(v1)
@@ -437,17 +469,18 @@ class Pipeline:
         self._flush(None)
 
     def _flush(self, until_ms: int | None) -> None:
-        self._begin_write()
+        ticket = self._begin_write()
         try:
             self._flush_windows(until_ms)
         finally:
-            self._end_write()
+            self._end_write(ticket)
 
     def _flush_windows(self, until_ms: int | None) -> None:
         with self.lock:
             orphans, self._orphans[:] = list(self._orphans), []
         for stage, old in orphans:
             with self.lock:
+                old.shards = stage.shards  # its windows are queued now: under the count in force now
                 pieces = old.flush_aggregates(None)
             if pieces and stage.queue is not None:
                 stage.queue.put(pieces)

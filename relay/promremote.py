@@ -9,7 +9,7 @@ The keys and their meaning are Prometheus's (config/config.go ``RemoteWriteConfi
   does the queue on disk that is named after it);
 - ``remote_timeout``: ``queue.timeout``;
 - ``sigv4``: ``sigv4`` (``region`` defaults to the AMP URL's region; ``service_name`` is ``service``);
-- ``queue_config``: ``max_shards``, ``max_samples_per_send``, ``batch_send_deadline``,
+- ``queue_config``: ``max_shards``, ``min_shards``, ``max_samples_per_send``, ``batch_send_deadline``,
   ``min_backoff``, ``max_backoff``; ``sample_age_limit`` is ``max_sample_age``;
 - ``metadata_config.send``: ``send_metadata``;
 - ``basic_auth``, ``authorization``, ``bearer_token``: the ``Authorization`` header (at most one,
@@ -62,6 +62,7 @@ NOT_HONOURED: dict[str, tuple[str, object]] = {
 }
 QUEUE_HONOURED = {  # Prometheus name -> the relay's
     "max_shards": "max_shards",
+    "min_shards": "min_shards",
     "max_samples_per_send": "max_samples_per_send",
     "batch_send_deadline": "batch_send_deadline",
     "min_backoff": "min_backoff",
@@ -71,7 +72,6 @@ QUEUE_HONOURED = {  # Prometheus name -> the relay's
 QUEUE_NOT_HONOURED: dict[str, tuple[str, object]] = {
     "capacity": ("the relay's queue is on disk, bounded by max_disk (1GiB; to change it, move the entry to "
                  "destinations: and set queue.max_disk, see docs/relay-config.md)", None),
-    "min_shards": ("the relay runs max_shards shards", None),
     "retry_on_http_429": ("the relay always retries 429 (Too Many Requests), honouring Retry-After", True),
 }
 METADATA_NOT_HONOURED: dict[str, tuple[str, object]] = {

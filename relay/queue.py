@@ -628,13 +628,20 @@ class DurableQueue(QueueState):
         qf.write_mark(self.path, last, entries, samples)
 
     # -- reading ---------------------------------------------------------------------------------
-    def peek(self, shard: int, max_samples: int, max_entries: int = 1000, *, after: int = 0) -> list[Entry]:
+    def peek(self, shard: int, max_samples: int, max_entries: int = 1000, *, after: int = 0,
+             upto: int | None = None) -> list[Entry]:
         """Oldest entries of a shard, up to max_samples (always >= 1 entry if any are queued). The
         shard's consumer holds them until acked or its next peek: queue_full never deletes them.
 
         ``after`` (the id of the last entry the consumer holds): only newer entries, up to
         max_samples and max_entries MORE (none if the next one does not fit), held together with
-        those it already holds. A consumer waiting for a fuller batch so reads each entry once."""
+        those it already holds. A consumer waiting for a fuller batch so reads each entry once.
+        ``upto``: only entries with an id up to this one (a shard's part of a drain barrier)."""
+        if upto is not None:
+            if after > 0:
+                return self._read(shard, "shard = ? AND id > ? AND id <= ?", (shard, after, upto), max_samples,
+                                  max_entries, extend=True, after=after, upto=upto)
+            return self._read(shard, "shard = ? AND id <= ?", (shard, upto), max_samples, max_entries, upto=upto)
         if after > 0:
             return self._read(shard, "shard = ? AND id > ?", (shard, after), max_samples, max_entries, extend=True,
                               after=after)
@@ -646,7 +653,7 @@ class DurableQueue(QueueState):
         return self._read(-1, "id <= ?", (max_id,), max_samples, max_entries)
 
     def _read(self, key: int, where: str, args: tuple[int, ...], max_samples: int, max_entries: int,
-              extend: bool = False, after: int = 0) -> list[Entry]:
+              extend: bool = False, after: int = 0, upto: int | None = None) -> list[Entry]:
         if extend and (max_entries <= 0 or max_samples < 0):
             return []
         with self._cond:
@@ -663,6 +670,8 @@ class DurableQueue(QueueState):
                 if rows is not None:  # every row of the shard is in memory: the same selection, no read
                     delivered = self._delivered
                     for e in rows:
+                        if upto is not None and e.id > upto:
+                            break
                         if e.id <= after or e.id in delivered:
                             continue
                         if (out or extend) and (total + e.samples > max_samples or len(out) >= max_entries):

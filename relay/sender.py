@@ -158,6 +158,14 @@ class Sender:
         self._in_flight = 0
         self._supervisor: threading.Thread | None = None
         self._threads: dict[int, threading.Thread] = {}
+        # a change of the shard count under way (relay.shardplan): shard threads finish their batch
+        # and end, none starts until resume()
+        self._paused = False
+        self._drain_by_shard = False  # drain_first came from resume(): its entries share one count
+        # what the shard count is planned from (relay.shardplan.SendTotals), under _gate
+        self._busy_s = 0.0
+        self._sent_samples = 0
+        self._failed_posts = 0
         metrics.queue_max_bytes.labels(name).set(queue.max_disk_bytes)
         if queue.take_damage_report() is not None:  # logged by the queue at open; counted here, once
             metrics.queue_damaged_total.labels(name).inc()
@@ -208,19 +216,62 @@ class Sender:
             threads = [t for t in (self._supervisor, *self._threads.values()) if t is not None]
         return not any(t.is_alive() for t in threads)
 
+    # -- a change of the shard count (relay.shardplan) -------------------------------------------
+    def totals(self) -> tuple[float, int, int]:
+        """(seconds spent in requests, samples sent, failed requests) since the start: what the shard
+        count is planned from."""
+        with self._gate:
+            return self._busy_s, self._sent_samples, self._failed_posts
+
+    def pause(self, timeout: float) -> bool:
+        """Let every shard thread ship the batch it holds and end, and start none: nothing of the
+        queue is being sent once this returns True. False (nothing paused) while a drain is under
+        way, when stopping, or when a thread is still busy after ``timeout`` (a destination in
+        backoff): then call :meth:`resume` with None."""
+        with self._lock:
+            if self.drain_first is not None or self._stop.is_set() or self.predecessor is not None:
+                return False
+            self._paused = True
+            threads = list(self._threads.values())
+        deadline = time.monotonic() + timeout
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            self._threads = {s: t for s, t in self._threads.items() if t.is_alive()}
+            return not self._threads
+
+    def resume(self, barrier: int | None) -> None:
+        """End a pause. ``barrier``: entries up to this id were sharded under the old count (all of
+        them under that one count: a pause waits for any earlier drain); they are shipped first,
+        each old shard on a thread of its own, before any shard thread of the new count starts."""
+        with self._lock:
+            if barrier is not None and self.drain_first is None:
+                self.drain_first = barrier
+                self._drain_by_shard = True
+            self._paused = False
+
     def _supervise(self) -> None:
         pred = self.predecessor
         if pred is not None:
             while not pred.finished():
                 if self._stop.wait(_POLL):
                     return
-            self.predecessor = None
-        if self.drain_first is not None:
-            self._drain(self.drain_first)
+            with self._lock:
+                self.predecessor = None
         while not self._stop.is_set():
+            with self._lock:
+                paused, barrier, by_shard = self._paused, self.drain_first, self._drain_by_shard
+            if paused:
+                self._stop.wait(_POLL / 4)
+                continue
+            if barrier is not None:
+                (self._drain_shards if by_shard else self._drain)(barrier)
+                continue
             self.metrics.queue_max_bytes.labels(self.name).set(self.queue.max_disk_bytes)  # a reload may resize
             for shard in self.queue.shards():
                 with self._lock:
+                    if self._paused:
+                        break
                     t = self._threads.get(shard)
                     if t is None or not t.is_alive():
                         t = threading.Thread(
@@ -237,16 +288,51 @@ class Sender:
             try:
                 entries = self.queue.peek_upto(barrier, self.settings.max_samples_per_send)
                 if not entries:
-                    self.drain_first = None
+                    self._drained(barrier)
                     return
                 self._ship(entries)
             except Exception as e:
                 self._unexpected(-1, e)
 
+    def _drained(self, barrier: int) -> None:
+        with self._lock:
+            if self.drain_first == barrier:
+                self.drain_first = None
+                self._drain_by_shard = False
+
+    def _drain_shards(self, barrier: int) -> None:
+        """``_drain`` for entries that were all sharded under one count (a change of the count while
+        running): each shard's entries up to the barrier on a thread of its own, as its shard thread
+        would ship them, so a destination that needed more shards is not drained by one."""
+        threads = []
+        for shard in self.queue.shards():
+            t = threading.Thread(target=self._drain_shard, args=(shard, barrier),
+                                 name=f"sender-{self.name}-{shard}", daemon=True)
+            with self._lock:
+                self._threads[shard] = t
+            t.start()
+            threads.append(t)
+        for t in threads:
+            while t.is_alive() and not self._stop.is_set():
+                t.join(_POLL)
+        if not self._stop.is_set():
+            self._drained(barrier)
+
+    def _drain_shard(self, shard: int, barrier: int) -> None:
+        s = self.settings
+        while not self._stop.is_set():
+            try:
+                entries = self.queue.peek(shard, s.max_samples_per_send, _MAX_ENTRIES, upto=barrier)
+                if not entries:
+                    return
+                self._ship(entries)
+            except Exception as e:
+                self._unexpected(shard, e)
+
     # -- one shard -------------------------------------------------------------------------------
     def _run_shard(self, shard: int) -> None:
         s = self.settings
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not self._paused:
             try:
                 entries = self.queue.peek(shard, s.max_samples_per_send, _MAX_ENTRIES)
                 if not entries:
@@ -259,7 +345,7 @@ class Sender:
                                                _MAX_ENTRIES - len(entries), after=entries[-1].id)
                 if self._stop.is_set():
                     break
-                self._ship(entries)
+                self._ship(entries)  # (paused meanwhile: what this thread holds goes out first)
             except Exception as e:
                 self._unexpected(shard, e)
 
@@ -282,7 +368,7 @@ class Sender:
         queued, read them; False: nothing new by the deadline (or we are stopping), send what we have.
         At the deadline, what came in below the threshold still joins this batch."""
         s = self.settings
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not self._paused:
             remaining = s.batch_send_deadline - (self.clock() - oldest.enqueued_at)
             if remaining <= 0:
                 return self.queue.wait(shard, 0)
@@ -408,6 +494,8 @@ class Sender:
     def _sent(self, resp: Response, samples: int, attempt: int) -> SendResult:
         written = written_count(resp.headers)
         ok = samples if written is None else min(samples, written)
+        with self._gate:
+            self._sent_samples += samples
         self.metrics.samples_sent_total.labels(self.name).inc(ok)
         now = self.clock()
         self.last_success = now
@@ -437,15 +525,20 @@ class Sender:
             self._in_flight += 1
         headers = request_headers(self.headers, self.user_agent, attempt)
         started = time.perf_counter()
+        resp: Response | None = None
         try:
             resp = self.transport.post(self.url, body, headers, self.settings.timeout)
         except Exception as e:  # a transport must not raise; treat it as a network error if it does
             resp = Response(0, {}, f"{type(e).__name__}: {e}".encode(errors="replace"))
         finally:
+            took = time.perf_counter() - started
             with self._gate:
                 self._in_flight -= 1
+                if resp is not None:
+                    self._busy_s += took
+                    self._failed_posts += not 200 <= resp.status < 300
                 self._gate.notify_all()
-        self.metrics.send_duration_seconds.labels(self.name).observe(time.perf_counter() - started)
+        self.metrics.send_duration_seconds.labels(self.name).observe(took)
         return resp
 
     def _log_failure(self, reason: str, text: str) -> None:

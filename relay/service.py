@@ -22,7 +22,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from relay import wire
+from relay import shardplan, wire
 from relay.cardinality import CardinalityMetrics
 from relay.config import Config, ConfigError, load_config
 from relay.destinations import (
@@ -77,6 +77,7 @@ class Runtime:
         *,
         queue_factory: QueueFactory = open_queue,
         scraper_factory: ScraperFactory = Scraper,
+        shard_update_s: float = shardplan.UPDATE_S,
     ) -> None:
         self.config_path = config_path
         self.registry = registry or CollectorRegistry()
@@ -92,6 +93,8 @@ class Runtime:
         self._flusher: threading.Thread | None = None
         self._scraper: Scraper | None = None
         self._started = False
+        self._shard_update_s = shard_update_s
+        self._planner = shardplan.Planner(shard_update_s)
         gen = prepare(config, {}, self.rm, self.cardinality_metrics, self.transport_factory, queue_factory)
         self.destinations: dict[str, Destination] = gen.destinations
         self.pipeline = self._pipeline(config, gen, previous=None)
@@ -110,7 +113,7 @@ class Runtime:
             return Pipeline(
                 config, self.rm, [x.stats for x in dests], [x.queue for x in dests],
                 cardinality=self.cardinality_metrics, clock=self.clock, previous=previous,
-                cache_max_bytes=config.server.decision_cache,
+                cache_max_bytes=config.server.decision_cache, shards=[x.shards for x in dests],
             )
         except BaseException:
             gen.abandon(self.cardinality_metrics)
@@ -148,6 +151,7 @@ class Runtime:
         while not self._stop.wait(1.0):
             try:
                 self.pipeline.flush_aggregates()
+                self._plan_shards()
                 self._update_gauges()
                 if time.monotonic() - last_expire >= 60:
                     last_expire = time.monotonic()
@@ -155,11 +159,41 @@ class Runtime:
             except Exception:
                 log.exception("background maintenance failed")
 
+    def _plan_shards(self) -> None:
+        """Every ``shard_update_s``, each destination's shard count as sending keeps up
+        (relay.shardplan); one log line a change. Not while a reload runs (it waits for the next)."""
+        if self._stop.is_set() or not self._reload_lock.acquire(blocking=False):
+            return
+        try:
+            for name, d in list(self.destinations.items()):
+                q, sender = d.queue, d.sender
+                if q is None or sender is None or self._stop.is_set():
+                    continue
+                lo, hi = d.config.queue.min_shards, d.config.queue.max_shards
+                now = shardplan.SendTotals(time.monotonic(), *sender.totals(), q.depth()[0])
+                planned = self._planner.plan(name, d.shards, lo, hi, now)
+                if planned is None or planned[0] == d.shards:
+                    continue
+                old, want = d.shards, planned[1]
+                try:
+                    changed = shardplan.change(self.pipeline, d, planned[0])
+                except Exception as e:  # e.g. a full disk recording the count: entries still drain in order
+                    log.warning("destination %s: could not change %d -> %d shards: %s", name, old, planned[0],
+                                _one_line(e), extra={"destination": name, "reason": "reshard"})
+                    continue
+                if changed:
+                    log.info("destination %s: %d -> %d shards (%s)", name, old, d.shards,
+                             "idle" if want is None else f"sending needs {want:.2f}",
+                             extra={"destination": name, "reason": "reshard"})
+        finally:
+            self._reload_lock.release()
+
     def _update_gauges(self) -> None:
         now = self.clock()
         for name, d in list(self.destinations.items()):
             if d.queue is None:
                 continue
+            self.rm.queue_shards.labels(name).set(d.shards)
             samples, nbytes = d.queue.depth()
             self.rm.queue_samples.labels(name).set(samples)
             self.rm.queue_bytes.labels(name).set(nbytes)
@@ -338,6 +372,7 @@ class Runtime:
                             QUIESCE_TIMEOUT_S, extra={"reason": "reload_quiesce_timeout"})
             # the replaced senders stop for good before their successors start
             gen.commit(self.rm, self.cardinality_metrics, start=self._started)
+            self._planner = shardplan.Planner(self._shard_update_s)  # new senders count from zero
             if scrape_changed and self._started:
                 self._restart_scraper(config)
             self.rm.config_reloads_total.labels("success").inc()

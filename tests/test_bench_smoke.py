@@ -112,10 +112,11 @@ def test_a_run_fails_when_the_receiver_gets_more_samples_than_expected(tmp_path:
 
 @pytest.mark.slow
 def test_keep4_relay_run_delivers_exactly_the_four_kept_metrics_to_the_in_process_sink(tmp_path: Path) -> None:
-    pl = payload(1, 2, other_per_node=68)
+    # 20 rounds: enough work that the relay's CPU is more than a clock tick (/proc counts 10 ms ticks)
+    pl = payload(1, 20, other_per_node=68)
     r = run_relay(KEEP4_RULES, pl, pl.kept(KEEP), tmp_path / "k")
     relay_bench.check(r, pl, KEEP, "keep4")
-    assert r.delivered == 2 * 4 * 8 and r.cpu > 0 and r.rss_mb > 10
+    assert r.delivered == 20 * 4 * 8 and r.cpu > 0 and r.rss_mb > 10
 
 
 @pytest.mark.slow
@@ -139,8 +140,10 @@ def test_tiny_full_bench_prints_every_table_with_exact_deliveries(tmp_path: Path
     text = out.getvalue()
     assert "252 series x 2 rounds = 504 samples" in text
     rows = [ln for ln in text.splitlines() if ln.endswith(" exact")]
-    assert len(rows) == 6 and "WRONG" not in text  # 4 RW 1.0 rows + 2 RW 2.0 rows
+    assert len(rows) == 8 and "WRONG" not in text  # 6 RW 1.0 rows (each scenario: 3 programs) + 2 RW 2.0 rows
+    assert sum(ln.split()[0] == "4" and ln.split()[1] == "fixed" for ln in rows) == 2
     assert "x vmagent's" in text and "the RW 1.0 CPU per sample" in text
+    assert text.count("gpu-relay on 4 fixed shards (min_shards: 4): CPU per sample") == 2
     assert "given one RW 2.0 request (252 samples)" in text
     assert "first sight" in text and "passthrough" in text
     assert "     2,000 " in text  # the memory row at 2,000 series

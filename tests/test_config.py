@@ -25,7 +25,7 @@ from relay.relabel import process
 DATA = Path(__file__).parent / "data" / "configs"
 D = "destinations:\n  - name: a\n    url: http://127.0.0.1:9/w\n"  # lines 1-3; a destination's keys follow
 QUEUE_KEYS = (
-    "max_samples_per_send, batch_send_deadline, max_shards, min_backoff, max_backoff, max_sample_age, "
+    "max_samples_per_send, batch_send_deadline, max_shards, min_shards, min_backoff, max_backoff, max_sample_age, "
     "max_disk, timeout"
 )
 

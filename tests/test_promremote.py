@@ -52,7 +52,7 @@ def test_a_full_prometheus_remote_write_entry_maps_onto_a_destination() -> None:
     assert amp.sigv4 == SigV4Config(
         "us-east-1", "arn:aws:iam::123456789012:role/amp-writer", None, "prod", "aps", "AKIAEXAMPLE", "s3cr3t"
     )
-    assert amp.queue == QueueConfig(1000, 5.0, 200, 0.03, 10.0, 3600.0, 1024**3, 20.0)
+    assert amp.queue == QueueConfig(1000, 5.0, 200, 0.03, 10.0, 3600.0, 1024**3, 20.0, min_shards=1)
     assert amp.send_metadata is False
     keep = amp.write_relabel_configs
     assert process((("__name__", "DCGM_FI_DEV_GPU_UTIL"),), keep) is not None
@@ -65,7 +65,6 @@ def test_keys_the_relay_cannot_honour_are_warnings_naming_them() -> None:
         "relay.yaml:17: remote_write[0].queue_config.capacity: not honoured: the relay's queue is on disk, "
         "bounded by max_disk (1GiB; to change it, move the entry to destinations: and set queue.max_disk, "
         "see docs/relay-config.md)",
-        "relay.yaml:19: remote_write[0].queue_config.min_shards: not honoured: the relay runs max_shards shards",
         "relay.yaml:27: remote_write[0].metadata_config.send_interval: not honoured: the relay forwards "
         "metadata when Prometheus sends it",
     )
@@ -393,7 +392,7 @@ HONOURED_HERE = {"url", "name", "remote_timeout", "headers", "write_relabel_conf
 def test_every_prometheus_remote_write_key_is_honoured_or_warned_never_an_error() -> None:
     config = parse_config(EVERY_KEY)
     amp = config.destinations[0]
-    assert amp.queue == QueueConfig(500, 2.0, 20, 0.05, 10.0, 1800.0, 1024**3, 20.0)
+    assert amp.queue == QueueConfig(500, 2.0, 20, 0.05, 10.0, 1800.0, 1024**3, 20.0, min_shards=2)
     assert amp.sigv4 == SigV4Config("us-east-1", "arn:aws:iam::123456789012:role/amp-writer", "gpu", "prod", "aps",
                                     "AKIAEXAMPLE", "s3cr3t")  # fmt: skip
     assert (amp.send_metadata, dict(amp.headers)) == (False, {"X-Team": "gpu"})
