@@ -7,7 +7,9 @@ fresh, real victoria-metrics per run (bench/receivers.py). The figure is input s
 CPU time (user+system of every thread, /proc/PID/stat) the program spent from its first request until
 the receiver had every sample; peak RSS is the program's VmHWM. Each program runs ``--repeat`` times
 (a fresh process each time, the two programs alternating); the table shows the run with the median
-CPU time. Scenarios: "keep4" (keep 4 DCGM names + labeldrop of 2 labels) and "passthrough". After each
+CPU time. Scenarios: "keep4" (keep 4 DCGM names + labeldrop of 2 labels) and "passthrough", each with
+gpu-relay as configured by default (max_shards 4, min_shards 1: it runs the shards sending needs,
+relay.shardplan), vmagent, and gpu-relay on 4 fixed shards (min_shards 4), alternating. After each
 run the receiver is read back (/internal/force_flush, then /api/v1/export): exactly the expected
 samples per metric name, the dropped labels gone, and nothing more arrived during a settle time, so a
 rule that silently did nothing, a lost or a duplicated request cannot look fast.
@@ -66,6 +68,7 @@ from relay.wire_v2 import v2_to_v1
 __all__ = ["METRICS", "Payload", "Result", "main", "payload", "run_relay"]
 
 SCENARIOS = {"keep4": (KEEP4_RULES, KEEP4_RELABEL, KEEP), "passthrough": ("", "", None)}
+FIXED_SHARDS = 4  # the third program of each scenario: gpu-relay with min_shards = max_shards = 4
 
 
 def median_run(runs: list[Result]) -> Result:
@@ -112,8 +115,8 @@ def interleaved(programs: dict[str, Callable[[Path], Result]], repeat: int, work
     return {what: median_run(rs) for what, rs in out.items()}
 
 
-def _relay(rules: str, pl: Payload, expected: int) -> Callable[[Path], Result]:
-    return lambda work: run_relay(rules, pl, expected, work, receiver="vm")
+def _relay(rules: str, pl: Payload, expected: int, min_shards: int | None = None) -> Callable[[Path], Result]:
+    return lambda work: run_relay(rules, pl, expected, work, receiver="vm", min_shards=min_shards)
 
 
 def _vmagent(relabel: str, pl: Payload, expected: int) -> Callable[[Path], Result]:
@@ -201,10 +204,12 @@ def main(argv: list[str] | None = None) -> None:
         for scenario, (rules, relabel, keep) in SCENARIOS.items():
             expected = pl.kept(keep) if keep else pl.samples
             both = interleaved({f"{scenario} gpu-relay": _relay(rules, pl, expected),
-                                f"{scenario} vmagent": _vmagent(relabel, pl, expected)},
+                                f"{scenario} vmagent": _vmagent(relabel, pl, expected),
+                                f"{scenario} gpu-relay 4 fixed shards": _relay(rules, pl, expected, FIXED_SHARDS)},
                                args.repeat, work / scenario, pl, keep)
             results[scenario, "gpu-relay"] = both[f"{scenario} gpu-relay"]
             results[scenario, "vmagent"] = both[f"{scenario} vmagent"]
+            results[scenario, "fixed"] = both[f"{scenario} gpu-relay 4 fixed shards"]
         pl2 = None
         if not args.no_rw2:
             pl2 = payload(args.nodes, args.rounds, version=2, **shape)
@@ -231,7 +236,13 @@ def main(argv: list[str] | None = None) -> None:
         print(row("", "vmagent", v, pl.samples, expected))
         print(f"{'':<12} {'ratio':<10} gpu-relay CPU per sample = {_cpu(g) / _cpu(v):.2f}x vmagent's "
               f"({_cpu(v) / _cpu(g):.2f}x its samples per CPU-second); peak RSS {g.rss_mb / max(v.rss_mb, 0.1):.2f}x")
-    print(f"samples/CPU-s counts input samples; median of {args.repeat} run(s) by CPU time, the programs alternating; "
+        f = results[scenario, "fixed"]
+        print(row("", "4 fixed", f, pl.samples, expected))
+        print(f"{'':<12} {'ratio':<10} gpu-relay on 4 fixed shards (min_shards: 4): CPU per sample "
+              f"{_cpu(f) / _cpu(v):.2f}x vmagent's, {_cpu(f) / _cpu(g):.2f}x the default's")
+    print("gpu-relay: max_shards 4 and the default min_shards 1 (it runs the shards sending needs, planned every "
+          f"10 s: one on this job); 4 fixed: min_shards 4.\n"
+          f"samples/CPU-s counts input samples; median of {args.repeat} run(s) by CPU time, the programs alternating; "
           "wall includes the "
           f"{FLUSH_S:g} s flush deadline.\ngpu-relay acknowledges after an fsynced disk commit; vmagent 1.79 after an "
           "in-memory enqueue. delivered: read back from victoria-metrics, exact = every expected sample, no more.")

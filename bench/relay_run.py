@@ -142,19 +142,22 @@ def _started(name: str, args: list[str], ready: str, write_url: str, work: Path)
                 p.wait(5)
 
 
-def relay_config(port: int, queue_dir: Path, sink_url: str, rules: str = "") -> str:
-    """A one-destination gpu-relay config. ``rules``: extra destination keys, YAML at 4 spaces' indent."""
+def relay_config(port: int, queue_dir: Path, sink_url: str, rules: str = "", min_shards: int | None = None) -> str:
+    """A one-destination gpu-relay config. ``rules``: extra destination keys, YAML at 4 spaces' indent.
+    ``min_shards``: None leaves the relay's default (1: it runs what sending needs, up to max_shards 4)."""
+    fixed = "" if min_shards is None else f", min_shards: {min_shards}"
     return (f"server: {{listen: '127.0.0.1:{port}'}}\nstorage: {{path: {queue_dir}}}\n"
             f"destinations:\n  - name: sink\n    url: {sink_url}\n{rules}"
-            f"    queue: {{max_samples_per_send: {PER_REQUEST}, batch_send_deadline: {FLUSH_S:g}s, max_shards: 4}}\n")
+            f"    queue: {{max_samples_per_send: {PER_REQUEST}, batch_send_deadline: {FLUSH_S:g}s, max_shards: 4"
+            f"{fixed}}}\n")
 
 
-def start_relay(rules: str, work: Path, rx_url: str) -> AbstractContextManager[Proc]:
+def start_relay(rules: str, work: Path, rx_url: str, min_shards: int | None = None) -> AbstractContextManager[Proc]:
     """A fresh gpu-relay (one destination with ``rules``, forwarding to ``rx_url``), stopped on exit."""
     work.mkdir(parents=True, exist_ok=True)
     port = free_port()
     cfg = work / "relay.yaml"
-    cfg.write_text(relay_config(port, work / "q", rx_url, rules))
+    cfg.write_text(relay_config(port, work / "q", rx_url, rules, min_shards))
     base = f"http://127.0.0.1:{port}"
     return _started("gpu-relay", [str(Path(sys.executable).parent / "gpu-relay"), "run", "--config", str(cfg)],
                     base + "/-/ready", base + "/api/v1/write", work)
@@ -243,12 +246,12 @@ def measure(start: Callable[[str], AbstractContextManager[Proc]], rx: Receiver, 
 
 
 def run_relay(rules: str, pl: Payload, expected: int | None, work: Path, settle_s: float = 1.5,
-              at_least: int = 0, receiver: str = "sink") -> Result:
+              at_least: int = 0, receiver: str = "sink", min_shards: int | None = None) -> Result:
     """One fresh gpu-relay (one destination with ``rules``) fed ``pl`` into a fresh receiver (``"sink"``: the
     in-process one, ``"vm"``: victoria-metrics); see ``measure`` for ``expected``, ``at_least``, ``settle_s``."""
     rx: Receiver = VictoriaMetrics(work / "rx") if receiver == "vm" else Sink()
     try:
-        return measure(lambda url: start_relay(rules, work, url), rx, pl, expected, settle_s, at_least)
+        return measure(lambda url: start_relay(rules, work, url, min_shards), rx, pl, expected, settle_s, at_least)
     finally:
         rx.close()
 
