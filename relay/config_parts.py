@@ -7,6 +7,7 @@ every problem of a file is reported at once.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import types
 from collections.abc import Mapping
@@ -195,8 +196,11 @@ def queue(r: Reader, m: Mapping[str, Node], paths: Mapping[str, str]) -> QueueCo
         min_shards=r.integer(n("min_shards"), p("min_shards"), d.min_shards),
     )
     if q.min_shards > q.max_shards:
-        r.error(n("min_shards") or m["min_shards"], p("min_shards"),
-                f"must not be greater than max_shards ({q.max_shards})")
+        if r.is_absent(n("max_shards")):  # only min_shards set, above the default most: it is the most too
+            q = dataclasses.replace(q, max_shards=q.min_shards)
+        else:
+            r.error(n("min_shards") or m["min_shards"], p("min_shards"),
+                    f"must not be greater than max_shards ({q.max_shards})")
     if q.min_backoff > q.max_backoff and not (r.is_absent(n("min_backoff")) and r.is_absent(n("max_backoff"))):
         at = n("min_backoff") or m["max_backoff"]
         r.error(at, p("min_backoff"), "must not be greater than max_backoff")

@@ -175,6 +175,8 @@ class Generation:
             barrier = shard_barrier(sender.queue, shards)
             if barrier is not None and (sender.drain_first is None or sender.drain_first < barrier):
                 sender.drain_first = barrier
+            if sender.drain_first is not None:
+                sender.record_after_drain = shards  # the file says "unknown" until the drain is done
         if start:
             for s in self.start_senders:
                 s.start()
@@ -296,7 +298,9 @@ def start_shards(queue: DurableQueue, d: DestinationConfig, running: int | None)
 def shard_barrier(queue: DurableQueue, shards: int) -> int | None:
     """The drain barrier (``Sender.drain_first``) a sender needs on ``queue`` when its entries were
     sharded under another shard count than ``shards``, or an unknown one (a queue recovered after a
-    restart with another max_shards, or written before the count was recorded); records ``shards``."""
+    restart with another count, a change stopped before its drain was done, or written before the
+    count was recorded). Records ``shards`` when no drain is needed, else "unknown" (the sender records
+    ``shards`` once its drain is done: a stop or crash before that drains again at the next start)."""
     try:
         recorded = queue.shard_count()
     except Exception:  # unreadable: assume another count (draining in id order is always safe)
@@ -304,7 +308,7 @@ def shard_barrier(queue: DurableQueue, shards: int) -> int | None:
     barrier = queue.last_id() if recorded != shards and queue.shards() else None
     if recorded != shards:
         try:
-            queue.set_shard_count(shards)
+            queue.set_shard_count(0 if barrier is not None else shards)
         except Exception as e:
             log.warning("queue %s: cannot record its shard count: %s", queue.name,
                         str(e).splitlines()[0] if str(e) else type(e).__name__, extra={"reason": "queue"})

@@ -25,12 +25,13 @@ windows (samples over ``MAX_FUTURE_S`` ahead open none).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from relay import label_codec, limits, wire
@@ -139,11 +140,10 @@ class Pipeline:
         self._labels_of: Callable[[bytes], Labels] = self._scratch.__getitem__
         # (new stage, old stage) whose old aggregator's windows are still to be emitted (reload)
         self._orphans: list[tuple[DestinationStage, DestinationStage]] = []
-        # requests (and flushes) between routing and their queue writes: a reload waits for them all,
-        # a change of a destination's shard count for those that began before it (their tickets)
+        # requests (and flushes) between routing and their queue writes: a reload waits for them, and
+        # a change of a shard count holds new ones back (hold_writes) until they are all written
         self._writers = 0
-        self._tickets: set[int] = set()
-        self._next_ticket = 0
+        self._held = False
         self._idle = threading.Condition(threading.Lock())
         if previous is not None:
             self._take_over(previous)
@@ -396,18 +396,15 @@ class Pipeline:
             if is_counter and (family in counters or len(counters) < MAX_COUNTER_FAMILIES):
                 counters[family] = now
 
-    def _begin_write(self) -> int:
+    def _begin_write(self) -> None:
         with self._idle:
+            if self._held:
+                self._idle.wait_for(lambda: not self._held)
             self._writers += 1
-            ticket = self._next_ticket
-            self._next_ticket += 1
-            self._tickets.add(ticket)
-            return ticket
 
-    def _end_write(self, ticket: int) -> None:
+    def _end_write(self) -> None:
         with self._idle:
             self._writers -= 1
-            self._tickets.discard(ticket)
             self._idle.notify_all()
 
     def quiesce(self, timeout: float) -> bool:
@@ -416,34 +413,45 @@ class Pipeline:
         with self._idle:
             return self._idle.wait_for(lambda: self._writers == 0, timeout)
 
-    def set_shards(self, name: str, shards: int) -> int:
-        """Shard destination ``name``'s series under ``shards`` from the next routed request on;
-        returns the ticket mark for :meth:`wait_written`: every request or flush that may have been
-        routed under the old count holds a ticket below it. KeyError: no such destination."""
+    @contextlib.contextmanager
+    def hold_writes(self, timeout: float) -> Iterator[bool]:
+        """While inside, no request or flush begins routing (they wait at the door), and on entry
+        every one that had begun has written its pieces: yields True, or False when one was still
+        writing after ``timeout``. A change of a destination's shard count happens inside, so that
+        every entry queued before it was sharded under the old count, every later one under the new
+        (no entry of the new count can be committed before the barrier is read)."""
+        with self._idle:
+            self._held = True
+        try:
+            with self._idle:
+                done = self._idle.wait_for(lambda: self._writers == 0, timeout)
+            yield done
+        finally:
+            with self._idle:
+                self._held = False
+                self._idle.notify_all()
+
+    def set_shards(self, name: str, shards: int) -> None:
+        """Shard destination ``name``'s series under ``shards`` from the next routed request on (call
+        it inside :meth:`hold_writes`). KeyError: no such destination."""
         stage = next((st for st in self.stages if st.name == name), None)
         if stage is None:
             raise KeyError(name)
         with self.lock:  # routes (and aggregation flushes) read stage.shards under it
             stage.shards = max(1, int(shards))
-            with self._idle:
-                return self._next_ticket
 
-    def wait_written(self, mark: int, timeout: float) -> bool:
-        """Wait until every request or flush with a ticket below ``mark`` has written its pieces
-        (or failed). False on timeout."""
-        with self._idle:
-            return self._idle.wait_for(lambda: not any(t < mark for t in self._tickets), timeout)
-
-    def ingest(self, v1: bytes) -> IngestResult:
+    def ingest(self, v1: bytes, block: bytes | None = None) -> IngestResult:
         """Route and durably queue one request. Returns only when every destination's share is
-        committed (or dropped by rules); storage errors propagate for the caller to answer 503."""
-        ticket = self._begin_write()
+        committed (or dropped by rules); storage errors propagate for the caller to answer 503.
+        ``block``: the snappy block ``v1`` came in as (it decoded to exactly ``v1``): a destination
+        whose share is all of ``v1``, byte for byte, in one piece stores it without compressing."""
+        self._begin_write()
         try:
-            return self._ingest(v1)
+            return self._ingest(v1, block)
         finally:
-            self._end_write(ticket)
+            self._end_write()
 
-    def _ingest(self, v1: bytes) -> IngestResult:
+    def _ingest(self, v1: bytes, block: bytes | None = None) -> IngestResult:
         result, pieces_per_dest = self.route(v1)
         m = self.metrics
         m.samples_received_total.inc(result.samples)  # float samples (histograms: result.histograms)
@@ -452,7 +460,9 @@ class Pipeline:
                 m.samples_kept_total.labels(stage.name).inc(kept)
             if stage.queue is None or not pieces:
                 continue
-            dropped = stage.queue.put(pieces)
+            # the whole request unchanged, in one shard (pass-through on one shard): stored as it came
+            same = block is not None and len(pieces) == 1 and len(pieces[0][1]) == len(v1) and pieces[0][1] == v1
+            dropped = stage.queue.put(pieces, (block,) if same else None)
             if dropped:
                 result.dropped_samples += dropped
                 m.samples_dropped_total.labels(stage.name, "queue_full").inc(dropped)
@@ -469,11 +479,11 @@ class Pipeline:
         self._flush(None)
 
     def _flush(self, until_ms: int | None) -> None:
-        ticket = self._begin_write()
+        self._begin_write()
         try:
             self._flush_windows(until_ms)
         finally:
-            self._end_write(ticket)
+            self._end_write()
 
     def _flush_windows(self, until_ms: int | None) -> None:
         with self.lock:

@@ -140,17 +140,21 @@ def _meta(text: str) -> tuple[int, int, int, int, int | None, int | None]:
 class _Pending:
     __slots__ = ("done", "dropped", "error", "rows")
 
-    def __init__(self, pieces: list[Piece]) -> None:
+    def __init__(self, pieces: list[Piece], blocks: Sequence[bytes | None] | None = None) -> None:
         # (shard, stored payload, raw_len or None, crc, raw size, samples, oldest_ts_ms): packed by
         # the putting thread, before it joins the group commit
-        self.rows = [(shard, *_packed(payload), samples, oldest) for shard, payload, samples, oldest in pieces]
+        if blocks is None:
+            self.rows = [(shard, *_packed(payload), samples, oldest) for shard, payload, samples, oldest in pieces]
+        else:
+            self.rows = [(shard, *_packed(payload, block), samples, oldest)
+                         for (shard, payload, samples, oldest), block in zip(pieces, blocks, strict=True)]
         self.done = False
         self.dropped = 0
         self.error: BaseException | None = None
 
 
-def _packed(payload: bytes) -> tuple[bytes, int | None, int, int]:
-    stored, raw_len = queue_codec.pack(payload)
+def _packed(payload: bytes, block: bytes | None = None) -> tuple[bytes, int | None, int, int]:
+    stored, raw_len = queue_codec.pack(payload, block)
     return stored, raw_len, queue_codec.checksum(stored, raw_len), len(payload)
 
 
@@ -255,12 +259,16 @@ class DurableQueue(QueueState):
             self._wdb.execute(f"PRAGMA user_version = {max(0, int(n))}")
 
     # -- writing ---------------------------------------------------------------------------------
-    def put(self, pieces: Sequence[Sequence[object]]) -> int:
+    def put(self, pieces: Sequence[Sequence[object]], blocks: Sequence[bytes | None] | None = None) -> int:
         """Store all pieces (shard, payload, samples, oldest_ts_ms) in one transaction; durable on
-        return. Returns the samples of the oldest entries deleted to make room (0 normally)."""
+        return. Returns the samples of the oldest entries deleted to make room (0 normally).
+        ``blocks``: per piece, None or a raw snappy block known to decode to exactly its payload
+        (queue_codec.pack stores it instead of compressing the payload again)."""
         checked = check_pieces(pieces)
         if not checked:
             return 0
+        if blocks is not None and len(blocks) != len(checked):
+            raise QueueError("blocks must match the pieces one to one", len(blocks))
         cost = sum(len(p[1]) + ENTRY_OVERHEAD_BYTES for p in checked)
         limit = self.max_disk_bytes if self.plan.db_pages is None else min(
             self.max_disk_bytes, self.plan.db_pages * qf.PAGE_SIZE)
@@ -273,7 +281,7 @@ class DurableQueue(QueueState):
                 raise StorageError(f"queue {self.name}: the volume is full; waiting for sent entries to "
                                    "free space", str(self.path))
             self._need_reserve, self._reserve = False, True
-        me = _Pending(checked)
+        me = _Pending(checked, blocks)
         with self._cond:
             if self._closed:
                 raise QueueError("queue is closed", str(self.path))

@@ -162,10 +162,14 @@ class Sender:
         # and end, none starts until resume()
         self._paused = False
         self._drain_by_shard = False  # drain_first came from resume(): its entries share one count
+        # the shard count to record in the queue file once the drain is done (it says "unknown" until
+        # then: a stop or crash in the middle drains again, in id order, at the next start)
+        self.record_after_drain: int | None = None
         # what the shard count is planned from (relay.shardplan.SendTotals), under _gate
         self._busy_s = 0.0
         self._sent_samples = 0
         self._failed_posts = 0
+        self._posts = 0
         metrics.queue_max_bytes.labels(name).set(queue.max_disk_bytes)
         if queue.take_damage_report() is not None:  # logged by the queue at open; counted here, once
             metrics.queue_damaged_total.labels(name).inc()
@@ -217,11 +221,11 @@ class Sender:
         return not any(t.is_alive() for t in threads)
 
     # -- a change of the shard count (relay.shardplan) -------------------------------------------
-    def totals(self) -> tuple[float, int, int]:
-        """(seconds spent in requests, samples sent, failed requests) since the start: what the shard
-        count is planned from."""
+    def totals(self) -> tuple[float, int, int, int]:
+        """(seconds spent in requests, samples sent, requests that failed and are retried, requests)
+        since the start: what the shard count is planned from."""
         with self._gate:
-            return self._busy_s, self._sent_samples, self._failed_posts
+            return self._busy_s, self._sent_samples, self._failed_posts, self._posts
 
     def pause(self, timeout: float) -> bool:
         """Let every shard thread ship the batch it holds and end, and start none: nothing of the
@@ -240,14 +244,16 @@ class Sender:
             self._threads = {s: t for s, t in self._threads.items() if t.is_alive()}
             return not self._threads
 
-    def resume(self, barrier: int | None) -> None:
-        """End a pause. ``barrier``: entries up to this id were sharded under the old count (all of
-        them under that one count: a pause waits for any earlier drain); they are shipped first,
-        each old shard on a thread of its own, before any shard thread of the new count starts."""
+    def resume(self, barrier: int | None, *, by_shard: bool = True, record: int | None = None) -> None:
+        """End a pause. ``barrier``: entries up to this id are shipped first, before any shard thread
+        starts: ``by_shard``, each shard on a thread of its own (they were all sharded under one
+        count: a pause waits for any earlier drain), else in id order. ``record``: the shard count
+        to record in the queue file once they are all shipped."""
         with self._lock:
             if barrier is not None and self.drain_first is None:
                 self.drain_first = barrier
-                self._drain_by_shard = True
+                self._drain_by_shard = by_shard
+                self.record_after_drain = record
             self._paused = False
 
     def _supervise(self) -> None:
@@ -270,7 +276,7 @@ class Sender:
             self.metrics.queue_max_bytes.labels(self.name).set(self.queue.max_disk_bytes)  # a reload may resize
             for shard in self.queue.shards():
                 with self._lock:
-                    if self._paused:
+                    if self._paused or self.drain_first is not None:  # (a pause and resume came in between)
                         break
                     t = self._threads.get(shard)
                     if t is None or not t.is_alive():
@@ -295,6 +301,15 @@ class Sender:
                 self._unexpected(-1, e)
 
     def _drained(self, barrier: int) -> None:
+        with self._lock:
+            record, self.record_after_drain = self.record_after_drain, None
+        if record is not None:
+            try:
+                self.queue.set_shard_count(record)
+            except Exception as e:  # it stays "unknown": the next start drains in id order (safe)
+                log.warning("%s: could not record the shard count %d in the queue file: %s", self.name, record,
+                            str(e).splitlines()[0] if str(e) else type(e).__name__,
+                            extra={"destination": self.name, "reason": "queue"})
         with self._lock:
             if self.drain_first == barrier:
                 self.drain_first = None
@@ -536,7 +551,8 @@ class Sender:
                 self._in_flight -= 1
                 if resp is not None:
                     self._busy_s += took
-                    self._failed_posts += not 200 <= resp.status < 300
+                    self._posts += 1
+                    self._failed_posts += classify(resp.status, resp.body) == "retry"
                 self._gate.notify_all()
         self.metrics.send_duration_seconds.labels(self.name).observe(took)
         return resp

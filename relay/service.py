@@ -180,8 +180,11 @@ class Runtime:
                 except Exception as e:  # e.g. a full disk recording the count: entries still drain in order
                     log.warning("destination %s: could not change %d -> %d shards: %s", name, old, planned[0],
                                 _one_line(e), extra={"destination": name, "reason": "reshard"})
+                    self._planner.forget(name)
                     continue
-                if changed:
+                if not changed:  # its sender could not pause now: measure afresh before trying again
+                    self._planner.forget(name)
+                else:
                     log.info("destination %s: %d -> %d shards (%s)", name, old, d.shards,
                              "idle" if want is None else f"sending needs {want:.2f}",
                              extra={"destination": name, "reason": "reshard"})
@@ -242,7 +245,8 @@ class Runtime:
             counts = None
             if version == 2:
                 raw, counts = wire.v2_to_v1(raw, self.max_request_bytes)
-            self.pipeline.ingest(raw)
+            # a RW 1.0 body decoded to exactly ``raw``: a share that is all of it is stored as it came
+            self.pipeline.ingest(raw, body if version == 1 else None)
         except wire.WireError as e:
             return self._answer(e.status, str(e))
         except RequestTooLargeError as e:

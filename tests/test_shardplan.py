@@ -3,6 +3,8 @@ change of that count on a running sender without breaking per-series order."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -19,56 +21,96 @@ from tests.test_pipeline import _config, harnesses
 from tests.test_sender_faults import Rig, parse, rig, series
 
 
-def totals(at: float = 0.0, busy: float = 0.0, sent: int = 0, failed: int = 0, backlog: int = 0) -> SendTotals:
-    return SendTotals(at, busy, sent, failed, backlog)
+def totals(at: float = 0.0, busy: float = 0.0, sent: int = 0, failed: int = 0, backlog: int = 0,
+           posts: int | None = None) -> SendTotals:
+    return SendTotals(at, busy, sent, failed, sent // 100 if posts is None else posts, backlog)
 
 
-# (name, current, lo, hi, before, after, expected count, expected want or None)
-CASES = [
-    ("fixed bounds", 3, 4, 4, totals(), totals(10, 10, 100), 4, None),
-    ("a failing destination keeps its count", 2, 1, 8, totals(), totals(10, 9, 1000, failed=1, backlog=1e6), 2, None),
-    ("idle: back to the fewest", 5, 2, 8, totals(), totals(10), 2, None),
-    ("stalled (nothing sent, samples wait): as it is", 5, 1, 8, totals(), totals(10, backlog=500), 5, None),
-    ("no time passed", 3, 1, 8, totals(5), totals(5, 1, 10), 3, None),
-    # 1 ms a sample, 1,000 a second in: one shard is exactly busy
-    ("keeps up on one", 1, 1, 8, totals(), totals(10, 10, 10_000), 1, 1.0),
-    # 1 ms a sample, 3,000 a second in: three
-    ("needs three", 1, 1, 8, totals(), totals(10, 30, 30_000), 3, 3.0),
-    ("within 30% of four: four", 4, 1, 8, totals(), totals(10, 35, 35_000), 4, 3.5),
-    ("more than max_shards: max_shards", 2, 1, 8, totals(), totals(10, 200, 200_000), 8, 20.0),
-    ("far below: down to what it needs", 8, 1, 8, totals(), totals(10, 0.01, 10_000), 1, 0.001),
-    ("never below min_shards", 8, 3, 8, totals(), totals(10, 0.01, 10_000), 3, 0.001),
-    # 0.5 ms a sample, 1,000 a second in (sent 10,000 and the backlog stayed at 100,000), plus 5% of
-    # the backlog a second: (1,000 + 5,000) x 0.5 ms = 3 shards
-    ("a backlog is caught up", 1, 1, 8, totals(backlog=100_000), totals(10, 5, 10_000, backlog=100_000), 3, 3.0),
-    # the backlog grew by 20,000 while 10,000 went out: 3,000 a second came in
-    ("what came in counts what is still queued", 1, 1, 8, totals(), totals(10, 10, 10_000, backlog=20_000), 4, 4.0),
-    ("a count outside the bounds is brought in", 12, 1, 8, totals(), totals(10, 80, 80_000), 8, 8.0),
+# (name, current, lo, hi, want, expected count)
+DESIRED = [
+    ("within 30% of four: four", 4, 1, 8, 3.5, 4),
+    ("within 30% of four, above: four", 4, 1, 8, 5.1, 4),
+    ("needs three", 1, 1, 8, 3.0, 3),
+    ("a little more than one and a third: two", 1, 1, 8, 1.31, 2),
+    ("more than max_shards: max_shards", 2, 1, 8, 20.0, 8),
+    ("far below: down to what it needs", 8, 1, 8, 0.001, 1),
+    ("never below min_shards", 8, 3, 8, 0.001, 3),
+    ("a count outside the bounds is brought in", 12, 1, 8, 8.0, 8),
 ]
 
 
-@pytest.mark.parametrize(("name", "current", "lo", "hi", "before", "after", "count", "want"), CASES,
-                         ids=[c[0] for c in CASES])
-def test_desired(name: str, current: int, lo: int, hi: int, before: SendTotals, after: SendTotals, count: int,
-                 want: float | None) -> None:
-    got, got_want = desired(current, lo, hi, before, after)
-    assert got == count
-    if want is None:
-        assert got_want is None
-    else:
-        assert got_want == pytest.approx(want)
+@pytest.mark.parametrize(("name", "current", "lo", "hi", "want", "count"), DESIRED, ids=[c[0] for c in DESIRED])
+def test_desired(name: str, current: int, lo: int, hi: int, want: float, count: int) -> None:
+    assert desired(current, lo, hi, want) == count
 
 
-def test_the_planner_answers_once_an_interval_per_destination() -> None:
+# (name, current, lo, hi, totals before, totals 10 s later, expected (count, want or None))
+PLANS = [
+    ("fixed bounds", 3, 4, 4, totals(), totals(10, 10, 100), (4, None)),
+    ("a destination retrying keeps its count", 2, 1, 8, totals(), totals(10, 9, 1000, failed=1, backlog=10**6),
+     (2, None)),
+    ("requests too slow to pause for keep it", 1, 1, 8, totals(), totals(10, 30, 30_000, posts=10), (1, None)),
+    ("stalled (nothing sent, samples wait): as it is", 5, 1, 8, totals(), totals(10, backlog=500), (5, None)),
+    # 1 ms a sample, 1,000 a second in: one shard is exactly busy
+    ("keeps up on one", 1, 1, 8, totals(), totals(10, 10, 10_000), (1, 1.0)),
+    # 1 ms a sample, 3,000 a second in: three
+    ("needs three", 1, 1, 8, totals(), totals(10, 30, 30_000), (3, 3.0)),
+    # 0.5 ms a sample, 1,000 a second in (sent 10,000 and the backlog stayed at 100,000), plus 5% of
+    # the backlog a second: (1,000 + 5,000) x 0.5 ms = 3 shards
+    ("a backlog is caught up", 1, 1, 8, totals(backlog=100_000), totals(10, 5, 10_000, backlog=100_000), (3, 3.0)),
+    # the backlog grew by 20,000 while 10,000 went out: 3,000 a second came in
+    ("what came in counts what is still queued", 1, 1, 8, totals(), totals(10, 10, 10_000, backlog=20_000),
+     (4, 4.0)),
+]
+
+
+@pytest.mark.parametrize(("name", "current", "lo", "hi", "before", "after", "expected"), PLANS,
+                         ids=[c[0] for c in PLANS])
+def test_a_first_plan(name: str, current: int, lo: int, hi: int, before: SendTotals, after: SendTotals,
+                      expected: tuple[int, float | None]) -> None:
+    p = Planner(update_s=10)
+    assert p.plan("a", current, lo, hi, before) is None  # first sight: remembered only
+    got = p.plan("a", current, lo, hi, after)
+    assert got is not None and got[0] == expected[0]
+    assert got[1] == (None if expected[1] is None else pytest.approx(expected[1]))
+
+
+def test_the_planner_answers_once_an_interval_per_destination_and_smooths_its_rates() -> None:
     p = Planner(update_s=10)
     assert p.plan("a", 1, 1, 8, totals(0)) is None  # first sight: remembered only
     assert p.plan("a", 1, 1, 8, totals(5, 30, 30_000)) is None  # too soon
     assert p.plan("b", 1, 1, 8, totals(5)) is None  # another destination has its own interval
     assert p.plan("a", 1, 1, 8, totals(10, 30, 30_000)) == (3, pytest.approx(3.0))
-    # the next interval is measured from the last plan: nothing sent since, nothing queued: idle
-    assert p.plan("a", 3, 1, 8, totals(20, 30, 30_000)) == (1, None)
+    # idle from here on: the smoothed rate decays (x0.8 an interval), the count comes down by steps,
+    # not at once on a quiet interval between two bursts
+    got = p.plan("a", 3, 1, 8, totals(20, 30, 30_000))
+    assert got == (3, pytest.approx(2.4))
+    counts = [got[0]]
+    for k in range(3, 12):
+        got = p.plan("a", counts[-1], 1, 8, totals(10 * k, 30, 30_000))
+        assert got is not None
+        counts.append(got[0])
+    assert counts[0] == 3 and counts[-1] == 1 and counts == sorted(counts, reverse=True)
     p.forget("a")
-    assert p.plan("a", 1, 1, 8, totals(40, 99, 99_000)) is None  # starts over
+    assert p.plan("a", 1, 1, 8, totals(400, 99, 99_000)) is None  # starts over
+
+
+def test_bursts_between_quiet_intervals_do_not_flap_the_count() -> None:
+    """A 10 s burst needing 4 shards every 30 s (1.33 on average): the smoothed rate settles on two
+    shards after a few changes at the start, instead of changing on every burst (unsmoothed, the
+    count went 4, 1, 1, 4, 1, 1, ...: 40 changes in these 10 minutes)."""
+    p = Planner(update_s=10)
+    p.plan("a", 1, 1, 8, totals(0))
+    current, counts, busy, sent = 1, [], 0.0, 0
+    for k in range(1, 61):
+        if k % 3 == 0:  # the burst: 4 shards' worth
+            busy, sent = busy + 40, sent + 40_000
+        got = p.plan("a", current, 1, 8, totals(10 * k, busy, sent))
+        assert got is not None
+        current = got[0]
+        counts.append(current)
+    changes = sum(a != b for a, b in itertools.pairwise(counts))
+    assert changes <= 6 and set(counts[20:]) == {2}, counts
 
 
 # -- a change on a running sender ------------------------------------------------------------------
@@ -209,22 +251,29 @@ def test_peek_upto_stops_at_the_barrier_in_memory_and_from_the_file(tmp_path: Pa
 
 
 # -- the pipeline's side: set_shards and the writers routed before it ------------------------------
-def test_wait_written_waits_only_for_writers_that_began_before_the_mark(tmp_path: Path) -> None:
+def test_hold_writes_waits_for_writers_in_progress_and_holds_new_ones_back(tmp_path: Path) -> None:
     with harnesses(tmp_path) as build:
         h = build(_config(tmp_path, "  - {name: amp, url: 'http://127.0.0.1:1/w', queue: {max_shards: 4}}\n"))
-        _wait_written(h.pipeline)
+        _hold_writes(h.pipeline)
 
 
-def _wait_written(p: Pipeline) -> None:
+def _hold_writes(p: Pipeline) -> None:
     assert p.stages[0].shards == 4  # built without shards: each destination's max_shards
-    first = p._begin_write()
-    mark = p.set_shards(p.stages[0].name, 3)
-    assert p.stages[0].shards == 3
-    later = p._begin_write()
-    assert p.wait_written(mark, 0.2) is False  # ``first`` may have been routed under the old count
-    p._end_write(first)
-    assert p.wait_written(mark, 0.2) is True  # ``later`` began after: not waited for
-    p._end_write(later)
+    p._begin_write()  # a request routed (under 4) and still writing
+    began: list[str] = []
+    later = threading.Thread(target=lambda: (p._begin_write(), began.append("later"), p._end_write()))
+    with p.hold_writes(0.2) as written:
+        assert written is False  # the first one is still writing
+        later.start()
+        time.sleep(0.2)
+        assert began == []  # a new one waits at the door while the count changes
+        p._end_write()
+        p.set_shards(p.stages[0].name, 3)
+        assert p.stages[0].shards == 3
+    later.join(2)
+    assert began == ["later"]
+    with p.hold_writes(0.2) as written:
+        assert written is True  # nothing in progress
     with pytest.raises(KeyError):
         p.set_shards("nope", 2)
 
@@ -235,7 +284,7 @@ def test_change_is_refused_without_effect_when_the_sender_cannot_pause(tmp_path:
             self.sender, self.queue, self.shards = r.sender, r.queue, 1
 
     class NoPipeline:
-        def set_shards(self, name: str, shards: int) -> int:  # pragma: no cover - must not be called
+        def set_shards(self, name: str, shards: int) -> None:  # pragma: no cover - must not be called
             raise AssertionError("changed the pipeline although the sender did not pause")
 
     r = rig(tmp_path, rigs)
@@ -246,13 +295,106 @@ def test_change_is_refused_without_effect_when_the_sender_cannot_pause(tmp_path:
     assert d.shards == 1 and r.queue.shard_count() == 1 and r.sender.drain_first == 5
 
 
-def test_a_count_that_cannot_be_recorded_leaves_it_unknown_and_the_sender_draining(
-    tmp_path: Path, rigs: list[Rig], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A full disk when the new count is recorded: the error reaches the caller, the file says
-    "unknown" (a restart drains in id order), and the sender goes on, old entries first."""
+class _Routes:
+    """The pipeline's side of a change, for a sender rig (no requests are routed here)."""
+
+    def __init__(self) -> None:
+        self.shards: list[int] = []
+        self.holding = False
+
+    def set_shards(self, name: str, shards: int) -> None:
+        assert name == "amp" and self.holding  # new requests are held back while the count changes
+        self.shards.append(shards)
+
+    @contextlib.contextmanager
+    def hold_writes(self, timeout: float) -> Iterator[bool]:
+        self.holding = True
+        try:
+            yield True
+        finally:
+            self.holding = False
+
+
+def _dest(r: Rig, shards: int) -> object:
     from types import SimpleNamespace
 
+    return SimpleNamespace(sender=r.sender, queue=r.queue, shards=shards, config=SimpleNamespace(name="amp"))
+
+
+def test_the_file_says_unknown_until_the_drain_is_done_then_the_new_count(tmp_path: Path, rigs: list[Rig]) -> None:
+    """A stop or crash in the middle of the drain must drain again at the next start (review: the new
+    count was recorded before the drain, so a restart sent old and new entries side by side)."""
+    gates = [threading.Event(), threading.Event()]
+    calls: list[int] = []
+
+    def answer(_: bytes) -> Response:
+        calls.append(1)
+        gates[min(len(calls), 2) - 1].wait(10)
+        return Response(204)
+
+    r = rig(tmp_path, rigs, answer=answer, max_samples_per_send=1)
+    r.queue.set_shard_count(2)
+    r.queue.put([(1, series("x", [(1, 1.0)]), 1, 1)])
+    r.queue.put([(1, series("x", [(2, 1.0)]), 1, 2)])
+    r.sender.start()
+    assert wait_until(lambda: len(calls) == 1, timeout=5)  # x@1 in flight, x@2 queued (old count)
+    d = _dest(r, 2)
+    done: list[bool] = []
+    t = threading.Thread(target=lambda: done.append(shardplan.change(_Routes(), d, 1)))  # type: ignore[arg-type]
+    t.start()
+    time.sleep(0.2)
+    assert r.queue.shard_count() == 2  # pausing: nothing changed yet
+    gates[0].set()  # x@1 goes out; the shard thread stops; the drain sends x@2 and waits
+    assert wait_until(lambda: len(calls) == 2, timeout=5)
+    t.join(5)
+    assert done == [True] and d.shards == 1  # type: ignore[attr-defined]
+    assert r.queue.shard_count() is None  # unknown while the drain is under way
+    gates[1].set()
+    assert wait_until(lambda: r.sender.drain_first is None, timeout=5)
+    assert r.queue.shard_count() == 1  # recorded once the drain was done
+    from relay.destinations import shard_barrier
+
+    assert shard_barrier(r.queue, 1) is None  # a restart now needs no drain
+    assert sent_points(r) == [("x", 1), ("x", 2)]
+
+
+def test_a_stop_in_the_middle_of_the_drain_leaves_the_count_unknown_for_the_next_start(
+    tmp_path: Path, rigs: list[Rig]
+) -> None:
+    from relay.destinations import shard_barrier
+
+    gate = threading.Event()
+    r = rig(tmp_path, rigs, answer=lambda _: Response(204) if gate.wait(10) else Response(500),
+            max_samples_per_send=1)
+    r.queue.set_shard_count(2)
+    r.sender.start()
+    assert r.sender.pause(2)
+    r.queue.put([(1, series("x", [(1, 1.0)]), 1, 1), (0, series("y", [(1, 1.0)]), 1, 1)])
+    r.sender.resume(None)
+    assert wait_until(lambda: r.sender.in_flight >= 1, timeout=5)
+    d = _dest(r, 2)
+    changer = threading.Thread(target=lambda: shardplan.change(_Routes(), d, 1))  # type: ignore[arg-type]
+    changer.start()
+    time.sleep(0.1)
+    gate.set()
+    changer.join(5)
+    gate.clear()
+    r.queue.put([(0, series("x", [(2, 1.0)]), 1, 2)])  # new count: x is in shard 0 now
+    stopper = threading.Thread(target=r.sender.stop, kwargs={"timeout": 5})
+    stopper.start()
+    time.sleep(0.1)
+    gate.set()
+    stopper.join(10)
+    assert r.queue.shard_count() is None  # never recorded: the drain did not finish
+    barrier = shard_barrier(r.queue, 1)
+    assert barrier == r.queue.last_id()  # the next start drains everything in id order
+
+
+def test_a_count_that_cannot_be_recorded_stays_unknown_and_nothing_is_lost(
+    tmp_path: Path, rigs: list[Rig], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk when the new count is recorded after the drain: one warning, the file says
+    "unknown" (a restart drains in id order), and the sender goes on, old entries first."""
     from relay.queue import StorageError
 
     r = rig(tmp_path, rigs)
@@ -264,24 +406,59 @@ def test_a_count_that_cannot_be_recorded_leaves_it_unknown_and_the_sender_draini
             raise StorageError("could not record the shard count", "database or disk is full")
         real(n)
 
-    class Routes:
-        def set_shards(self, name: str, shards: int) -> int:
-            assert name == "amp" and shards == 2
-            return 0
-
-        def wait_written(self, mark: int, timeout: float) -> bool:
-            return True
-
     monkeypatch.setattr(r.queue, "set_shard_count", record)
     r.sender.start()
     r.queue.put([(0, series("x", [(1, 1.0)]), 1, 1)])
     assert wait_until(lambda: len(r.transport.bodies) == 1, timeout=5)
     r.queue.put([(0, series("x", [(2, 1.0)]), 1, 2)])
-    d = SimpleNamespace(sender=r.sender, queue=r.queue, shards=1, config=SimpleNamespace(name="amp"))
-    with pytest.raises(StorageError):
-        shardplan.change(Routes(), d, 2)  # type: ignore[arg-type]
-    assert d.shards == 2  # the pipeline routes under the new count already
-    assert r.queue.shard_count() is None  # unknown: a restart drains what is queued in id order
+    d = _dest(r, 1)
+    routes = _Routes()
+    assert shardplan.change(routes, d, 2)  # type: ignore[arg-type]
+    assert routes.shards == [2] and d.shards == 2  # type: ignore[attr-defined]
     r.queue.put([(1, series("x", [(3, 1.0)]), 1, 3)])
     assert wait_until(lambda: r.queue.shards() == [] and r.sender.drain_first is None, timeout=5)
     assert sent_points(r) == [("x", 1), ("x", 2), ("x", 3)]
+    assert r.queue.shard_count() is None  # unknown: a restart drains what is queued in id order
+    assert any("could not record the shard count 2" in rec.getMessage() for rec in caplog.records)
+
+
+def test_a_pause_and_resume_between_the_supervisor_s_look_and_its_thread_start_starts_no_shard_thread(
+    tmp_path: Path, rigs: list[Rig]
+) -> None:
+    """Review: the supervisor read (paused, drain_first), then listed the shards and started plain
+    shard threads checking only the pause; a whole change in between had new-count entries sent beside
+    the old ones still to drain."""
+    done: list[tuple[str, int]] = []
+    x3 = threading.Event()
+
+    def answer(body: bytes) -> Response:
+        got = [(ts.labels[0].value, smp.timestamp) for ts in parse(body).timeseries for smp in ts.samples]
+        if ("x", 1) in got:
+            x3.wait(1.0)  # x@3 (new count), if wrongly sent beside it, completes first
+        if ("x", 3) in got:
+            x3.set()
+        done.extend(got)
+        return Response(204)
+
+    r = rig(tmp_path, rigs, answer=answer)
+    r.queue.set_shard_count(2)
+    real_shards = r.queue.shards
+    armed, inside, release = threading.Event(), threading.Event(), threading.Event()
+
+    def shards() -> list[int]:
+        if armed.is_set() and threading.current_thread().name == "sender-amp" and not release.is_set():
+            inside.set()
+            release.wait(5)
+        return real_shards()
+
+    r.queue.shards = shards  # type: ignore[method-assign]
+    r.sender.start()
+    time.sleep(0.1)
+    armed.set()
+    assert inside.wait(2)  # the supervisor looked (not paused, no drain) and lists the shards now
+    r.queue.put([(1, series("x", [(1, 1.0)]), 1, 1)])  # old count: x in shard 1
+    assert shardplan.change(_Routes(), _dest(r, 2), 1)  # type: ignore[arg-type]
+    r.queue.put([(0, series("x", [(3, 3.0)]), 1, 3)])  # new count: x in shard 0
+    release.set()
+    assert wait_until(lambda: r.queue.shards() == [] and r.sender.drain_first is None, timeout=5)
+    assert done == [("x", 1), ("x", 3)]  # in the order they reached the destination
