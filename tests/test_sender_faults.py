@@ -8,7 +8,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,15 +98,6 @@ class Rig:
     def value(self, name: str, **labels: str) -> float:
         v = self.metrics.registry.get_sample_value(f"gpu_relay_{name}", {"destination": "amp", **labels})
         return 0.0 if v is None else v
-
-
-@pytest.fixture
-def rigs() -> Iterator[list[Rig]]:
-    made: list[Rig] = []
-    yield made
-    for r in made:
-        r.sender.stop(timeout=2)
-        r.queue.close()
 
 
 def rig(tmp_path: Path, rigs: list[Rig], answer: object = None, clock: Clock | None = None,

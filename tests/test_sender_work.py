@@ -4,7 +4,6 @@ entries it already holds are not read again while it waits for a fuller batch)."
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,15 +27,6 @@ def counted_halves(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(rwsplit, "halves", halves)
     return calls
-
-
-@pytest.fixture
-def rigs() -> Iterator[list[Rig]]:
-    made: list[Rig] = []
-    yield made
-    for r in made:
-        r.sender.stop(timeout=2)
-        r.queue.close()
 
 
 def test_an_accepted_batch_is_never_walked_series_by_series_for_halves(

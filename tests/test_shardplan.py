@@ -114,15 +114,6 @@ def test_bursts_between_quiet_intervals_do_not_flap_the_count() -> None:
 
 
 # -- a change on a running sender ------------------------------------------------------------------
-@pytest.fixture
-def rigs() -> Iterator[list[Rig]]:
-    made: list[Rig] = []
-    yield made
-    for r in made:
-        r.sender.stop(timeout=2)
-        r.queue.close()
-
-
 def sent_points(r: Rig) -> list[tuple[str, int]]:
     """(series name, timestamp) of every sample posted, in the order the posts were made."""
     return [(ts.labels[0].value, s.timestamp) for b in list(r.transport.bodies) for ts in parse(b).timeseries

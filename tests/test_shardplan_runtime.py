@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -47,14 +47,6 @@ class SlowTransport:
         with self.lock:
             self.in_flight -= 1
         return Response(204)
-
-
-@pytest.fixture
-def runtimes() -> Iterator[list[Runtime]]:
-    made: list[Runtime] = []
-    yield made
-    for r in made:
-        r.stop()
 
 
 def shards(r: Runtime) -> float:

@@ -4,7 +4,6 @@ on one shard), is queued as the snappy block it came in as: not compressed a sec
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,14 +28,6 @@ def body_of(n: int, t: int) -> tuple[bytes, bytes]:
     raw = wire.encode_write_request([(S("DCGM_FI_DEV_GPU_UTIL", gpu=str(i), node="n1"), [(t, float(i))])
                                      for i in range(n)])
     return raw, bytes(snappy.compress(raw))
-
-
-@pytest.fixture
-def runtimes() -> Iterator[list[Runtime]]:
-    made: list[Runtime] = []
-    yield made
-    for r in made:
-        r.stop()
 
 
 def runtime(tmp_path: Path, runtimes: list[Runtime], dest_extra: str = "", head: str = "") -> Runtime:
