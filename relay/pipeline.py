@@ -143,7 +143,7 @@ class Pipeline:
         # requests (and flushes) between routing and their queue writes: a reload waits for them, and
         # a change of a shard count holds new ones back (hold_writes) until they are all written
         self._writers = 0
-        self._held = False
+        self._held = 0  # hold_writes under way (a count: they may nest)
         self._idle = threading.Condition(threading.Lock())
         if previous is not None:
             self._take_over(previous)
@@ -421,14 +421,14 @@ class Pipeline:
         every entry queued before it was sharded under the old count, every later one under the new
         (no entry of the new count can be committed before the barrier is read)."""
         with self._idle:
-            self._held = True
+            self._held += 1
         try:
             with self._idle:
                 done = self._idle.wait_for(lambda: self._writers == 0, timeout)
             yield done
         finally:
             with self._idle:
-                self._held = False
+                self._held -= 1
                 self._idle.notify_all()
 
     def set_shards(self, name: str, shards: int) -> None:
@@ -462,7 +462,7 @@ class Pipeline:
                 continue
             # the whole request unchanged, in one shard (pass-through on one shard): stored as it came
             same = block is not None and len(pieces) == 1 and len(pieces[0][1]) == len(v1) and pieces[0][1] == v1
-            dropped = stage.queue.put(pieces, (block,) if same else None)
+            dropped = stage.queue.put(pieces, (block,)) if same else stage.queue.put(pieces)
             if dropped:
                 result.dropped_samples += dropped
                 m.samples_dropped_total.labels(stage.name, "queue_full").inc(dropped)

@@ -170,6 +170,7 @@ class Sender:
         self._sent_samples = 0
         self._failed_posts = 0
         self._posts = 0
+        self._since: dict[int, float] = {}  # thread -> when its request in flight began (monotonic)
         metrics.queue_max_bytes.labels(name).set(queue.max_disk_bytes)
         if queue.take_damage_report() is not None:  # logged by the queue at open; counted here, once
             metrics.queue_damaged_total.labels(name).inc()
@@ -232,6 +233,9 @@ class Sender:
         queue is being sent once this returns True. False (nothing paused) while a drain is under
         way, when stopping, or when a thread is still busy after ``timeout`` (a destination in
         backoff): then call :meth:`resume` with None."""
+        with self._gate:  # a request in flight for long already (a slow destination, a backoff): not now
+            if any(time.monotonic() - t > timeout / 2 for t in self._since.values()):
+                return False
         with self._lock:
             if self.drain_first is not None or self._stop.is_set() or self.predecessor is not None:
                 return False
@@ -538,6 +542,7 @@ class Sender:
             if self._stop.is_set():
                 return None
             self._in_flight += 1
+            self._since[threading.get_ident()] = time.monotonic()
         headers = request_headers(self.headers, self.user_agent, attempt)
         started = time.perf_counter()
         resp: Response | None = None
@@ -549,6 +554,7 @@ class Sender:
             took = time.perf_counter() - started
             with self._gate:
                 self._in_flight -= 1
+                self._since.pop(threading.get_ident(), None)
                 if resp is not None:
                     self._busy_s += took
                     self._posts += 1

@@ -49,7 +49,7 @@ BACKLOG_CATCHUP = 0.05  # of the backlog, per second, on top of what comes in (P
 EWMA_WEIGHT = 0.2  # Prometheus's ewmaWeight: rates are smoothed over intervals, so bursts do not flap
 PAUSE_S = 5.0  # how long a change waits for the shard threads to ship what they hold (else: not now)
 MAX_REQUEST_S = PAUSE_S / 2  # requests slower than this on average: a change would stall; none is tried
-WRITTEN_S = 30.0  # how long a change waits for requests routed under the old count to be written
+WRITTEN_S = 2.0  # how long new requests may wait for those in progress to be written (else: not now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +79,7 @@ class _Rates:
     last: SendTotals
     per_sample: float | None = None  # smoothed seconds of request a sample takes
     rate_in: float | None = None  # smoothed samples a second to send
+    backlog: float | None = None  # smoothed samples queued (a scrape's burst or none, by the moment)
 
 
 def _ewma(old: float | None, new: float) -> float:
@@ -121,7 +122,8 @@ class Planner:
         if sent > 0:
             st.per_sample = _ewma(st.per_sample, busy / sent)
         st.rate_in = _ewma(st.rate_in, max(0, sent + now.backlog - before.backlog) / dt)
-        want = (st.per_sample or 0.0) * (st.rate_in + BACKLOG_CATCHUP * now.backlog)
+        st.backlog = _ewma(st.backlog, now.backlog)
+        want = (st.per_sample or 0.0) * (st.rate_in + BACKLOG_CATCHUP * st.backlog)
         return desired(current, lo, hi, want), want
 
     def forget(self, name: str) -> None:
@@ -141,24 +143,24 @@ def change(pipeline: Pipeline, dest: Destination, shards: int, *, pause_s: float
         sender.resume(None)
         return False
     barrier: int | None = None
+    old = dest.shards
     try:
         queue.set_shard_count(0)  # unknown until the drain is done: a stop or crash before it drains at start
         with pipeline.hold_writes(written_s) as written:
-            if not written:
-                log.warning("destination %s: a request routed under %d shards was still being written after "
-                            "%.0fs; per-series order across the change to %d is not guaranteed for it",
-                            dest.config.name, dest.shards, written_s, shards,
-                            extra={"destination": dest.config.name, "reason": "reshard_timeout"})
-            pipeline.set_shards(dest.config.name, shards)
-            dest.shards = shards
-            # every entry up to here was sharded under the old count; none of the new is queued yet
-            barrier = queue.last_id()
-    finally:
-        # what the old count sharded goes out first, each old shard on its own; the new count is
-        # recorded once that is done (relay.sender). After a failure above: everything queued
-        # drains in id order, the count stays unknown in the file.
-        if barrier is None:
-            sender.resume(queue.last_id(), by_shard=False)
-        else:
-            sender.resume(barrier, record=shards)
+            if written:
+                pipeline.set_shards(dest.config.name, shards)
+                dest.shards = shards
+                # every entry up to here was sharded under the old count; none of the new is queued yet
+                barrier = queue.last_id()
+        if not written:  # a write still in progress: every request waited; give up for now
+            queue.set_shard_count(old)
+            sender.resume(None)
+            return False
+    except BaseException:
+        # entries up to the newest one drain in id order (the count in the file stays unknown)
+        sender.resume(queue.last_id(), by_shard=False)
+        raise
+    # what the old count sharded goes out first, each old shard on its own; the new count is
+    # recorded once that is done (relay.sender)
+    sender.resume(barrier, record=shards)
     return True

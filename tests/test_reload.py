@@ -367,12 +367,12 @@ class GatedQueue(DurableQueue):
     gate: threading.Event | None = None
     waiting = threading.Event()
 
-    def put(self, pieces: object) -> int:  # type: ignore[override]
+    def put(self, pieces: object, blocks: object = None) -> int:  # type: ignore[override]
         gate = GatedQueue.gate
         if gate is not None:
             GatedQueue.waiting.set()
             gate.wait(10)
-        return super().put(pieces)  # type: ignore[arg-type]
+        return super().put(pieces, blocks)  # type: ignore[arg-type]
 
 
 class SlowForStamp(ScriptedTransport):
@@ -394,7 +394,9 @@ def test_reload_changing_max_shards_keeps_order_for_a_request_whose_write_was_in
         running: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     t = now_ms()
     tx = SlowForStamp(t)
-    r = start(running, tmp_path, dest("d", "http://rx/api/v1/write").replace("max_shards: 2", "max_shards: 4"),
+    # 4 shards, fixed (min_shards: 4), then max_shards 2: the running count comes down to 2 at the reload
+    r = start(running, tmp_path, dest("d", "http://rx/api/v1/write").replace("max_shards: 2",
+                                                                              "min_shards: 4, max_shards: 4"),
               transport_factory=lambda d: tx,
               queue_factory=lambda d, p: GatedQueue(p, d.queue.max_disk))
     names = [f"s{i}" for i in range(16)]
@@ -418,6 +420,7 @@ def test_reload_changing_max_shards_keeps_order_for_a_request_whose_write_was_in
     reload.join(10)
     assert statuses == [204]
     assert results == [(True, "configuration reloaded")]
+    assert r.runtime.destinations["d"].shards == 2 and r.runtime.pipeline.stages[0].shards == 2
     assert r.post([(S("m", s=n), [(t + 1, 1.0)]) for n in names]) == 204  # sent once the first was acked
     assert wait_until(lambda: len(tx.samples()) >= 32, timeout=20)
     got = tx.samples()

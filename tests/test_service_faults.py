@@ -32,7 +32,8 @@ class FailingQueue(DurableQueue):
         super().__init__(path, max_disk)
         self.error = error
 
-    def put(self, pieces: Sequence[tuple[int, bytes, int]]) -> int:  # type: ignore[override]
+    def put(self, pieces: Sequence[tuple[int, bytes, int]],  # type: ignore[override]
+            blocks: Sequence[bytes | None] | None = None) -> int:
         raise self.error
 
 

@@ -453,3 +453,59 @@ def test_a_pause_and_resume_between_the_supervisor_s_look_and_its_thread_start_s
     release.set()
     assert wait_until(lambda: r.queue.shards() == [] and r.sender.drain_first is None, timeout=5)
     assert done == [("x", 1), ("x", 3)]  # in the order they reached the destination
+
+
+def test_a_backlog_seen_at_one_moment_and_gone_at_the_next_does_not_flap_the_count() -> None:
+    """Review: the planner looks every 10 s, and a scrape's burst is queued or already sent depending
+    on the moment; the backlog term is smoothed too."""
+    p = Planner(update_s=10)
+    p.plan("a", 1, 1, 8, totals(0))
+    current, counts = 1, []
+    for k in range(1, 61):  # steady 1 ms a sample, 1,500 a second; 40,000 queued every other look
+        backlog = 40_000 if k % 2 else 0
+        got = p.plan("a", current, 1, 8, totals(10 * k, 15 * k, 15_000 * k, backlog=backlog))
+        assert got is not None
+        current = got[0]
+        counts.append(current)
+    # it settles, never going back up and down with the moment it looks (unsmoothed: 8, 5, 7, 4, 7, 4, ...)
+    assert counts == sorted(counts, reverse=True) and len(set(counts[20:])) == 1, counts
+
+
+def test_pause_is_refused_at_once_while_a_request_has_been_in_flight_for_long(tmp_path: Path, rigs: list[Rig]) -> None:
+    """Review: a pause set first, then waited for a slow request, idled every other shard meanwhile."""
+    release = threading.Event()
+    r = rig(tmp_path, rigs, answer=lambda _: Response(204) if release.wait(10) else Response(500))
+    r.queue.put([(0, series("slow", [(1, 1.0)]), 1, 1)])
+    r.sender.start()
+    assert wait_until(lambda: r.sender.in_flight == 1, timeout=5)
+    time.sleep(0.3)
+    started = time.monotonic()
+    assert r.sender.pause(0.4) is False  # in flight for more than half the pause's time: not now
+    assert time.monotonic() - started < 0.1
+    r.queue.put([(1, series("fast", [(1, 1.0)]), 1, 1)])
+    assert wait_until(lambda: len(r.transport.bodies) == 2, timeout=5)  # the other shard was never paused
+    release.set()
+
+
+def test_a_change_gives_up_when_a_write_stays_in_progress_and_leaves_everything_as_it_was(
+    tmp_path: Path, rigs: list[Rig]
+) -> None:
+    class Stuck(_Routes):
+        @contextlib.contextmanager
+        def hold_writes(self, timeout: float) -> Iterator[bool]:
+            self.holding = True
+            try:
+                yield False  # a request's write still in progress after the timeout
+            finally:
+                self.holding = False
+
+    r = rig(tmp_path, rigs)
+    r.queue.set_shard_count(2)
+    r.sender.start()
+    routes = Stuck()
+    d = _dest(r, 2)
+    assert shardplan.change(routes, d, 1) is False  # type: ignore[arg-type]
+    assert routes.shards == [] and d.shards == 2  # type: ignore[attr-defined]
+    assert r.queue.shard_count() == 2 and r.sender.drain_first is None
+    r.queue.put([(1, series("x", [(1, 1.0)]), 1, 1)])
+    assert wait_until(lambda: r.queue.shards() == [], timeout=5)  # not left paused
