@@ -16,7 +16,7 @@ from relay import queue_codec
 from relay.queue import DurableQueue
 from tests.helpers import wait_until
 from tests.test_queue_codec import write_request
-from tests.test_sender_faults import Rig, parse, rig, rigs  # noqa: F401 - rigs is a fixture
+from tests.test_sender_faults import Rig, parse, rig
 
 
 def rows(path: Path) -> list[tuple[int, bytes, int | None, int | None]]:
@@ -99,7 +99,7 @@ def test_a_damaged_raw_len_is_caught_by_the_checksum(tmp_path: Path, caplog: pyt
 
 
 def test_a_damaged_row_is_not_sent_and_the_rest_of_its_batch_is_delivered(
-    tmp_path: Path, rigs: list[Rig], caplog: pytest.LogCaptureFixture  # noqa: F811
+    tmp_path: Path, rigs: list[Rig], caplog: pytest.LogCaptureFixture
 ) -> None:
     r = rig(tmp_path, rigs, memory_bytes=0)  # the file is edited under it: read rows from the file
     good = [write_request(i) for i in range(4)]

@@ -13,7 +13,7 @@ from relay import queue_codec
 from relay.transport import Response
 from tests.helpers import wait_until
 from tests.test_queue_codec import write_request
-from tests.test_sender_faults import Rig, parse, rig, rigs, series  # noqa: F401 - rigs is a fixture
+from tests.test_sender_faults import Rig, parse, rig, series
 
 
 def count_snappy(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
@@ -31,7 +31,7 @@ def count_snappy(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
 
 
 def test_a_batch_of_compressed_rows_goes_out_as_their_stored_bytes_without_any_snappy_call(
-    tmp_path: Path, rigs: list[Rig], monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    tmp_path: Path, rigs: list[Rig], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     r = rig(tmp_path, rigs)
     payloads = [write_request(i) for i in range(5)]
@@ -49,7 +49,7 @@ def test_a_batch_of_compressed_rows_goes_out_as_their_stored_bytes_without_any_s
     assert r.value("samples_sent_total") == 5
 
 
-def test_compressed_and_raw_rows_of_one_batch_arrive_in_order(tmp_path: Path, rigs: list[Rig]) -> None:  # noqa: F811
+def test_compressed_and_raw_rows_of_one_batch_arrive_in_order(tmp_path: Path, rigs: list[Rig]) -> None:
     r = rig(tmp_path, rigs)
     big = [write_request(i) for i in range(3)]
     small = [series(f"s{i}", [(1, float(i))]) for i in range(3)]
@@ -64,7 +64,7 @@ def test_compressed_and_raw_rows_of_one_batch_arrive_in_order(tmp_path: Path, ri
 
 
 def test_a_413_decodes_the_batch_once_and_delivers_both_halves(
-    tmp_path: Path, rigs: list[Rig], monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    tmp_path: Path, rigs: list[Rig], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     answers = [Response(413, {}, b"too big")]
     r = rig(tmp_path, rigs, answer=lambda _: answers.pop() if answers else Response(204))
@@ -82,7 +82,7 @@ def test_a_413_decodes_the_batch_once_and_delivers_both_halves(
     assert r.value("samples_sent_total") == 4 and r.value("samples_failed_total", reason="http_413") == 0
 
 
-def test_a_row_over_max_samples_per_send_is_still_split_by_series(tmp_path: Path, rigs: list[Rig]) -> None:  # noqa: F811
+def test_a_row_over_max_samples_per_send_is_still_split_by_series(tmp_path: Path, rigs: list[Rig]) -> None:
     r = rig(tmp_path, rigs, max_samples_per_send=2)
     payload = b"".join(write_request(i) for i in range(5))  # one compressed row of 5 series
     assert queue_codec.pack(payload)[1] is not None
@@ -94,7 +94,7 @@ def test_a_row_over_max_samples_per_send_is_still_split_by_series(tmp_path: Path
     assert r.value("samples_sent_total") == 5
 
 
-def test_a_retried_batch_is_resent_as_the_same_bytes(tmp_path: Path, rigs: list[Rig]) -> None:  # noqa: F811
+def test_a_retried_batch_is_resent_as_the_same_bytes(tmp_path: Path, rigs: list[Rig]) -> None:
     answers = [Response(503, {}, b"busy"), Response(503, {}, b"busy")]
     r = rig(tmp_path, rigs, answer=lambda _: answers.pop() if answers else Response(204))
     r.queue.put([(0, write_request(i), 1, 1) for i in range(3)])
