@@ -143,11 +143,8 @@ class _Pending:
     def __init__(self, pieces: list[Piece], blocks: Sequence[bytes | None] | None = None) -> None:
         # (shard, stored payload, raw_len or None, crc, raw size, samples, oldest_ts_ms): packed by
         # the putting thread, before it joins the group commit
-        if blocks is None:
-            self.rows = [(shard, *_packed(payload), samples, oldest) for shard, payload, samples, oldest in pieces]
-        else:
-            self.rows = [(shard, *_packed(payload, block), samples, oldest)
-                         for (shard, payload, samples, oldest), block in zip(pieces, blocks, strict=True)]
+        self.rows = [(shard, *_packed(payload, block), samples, oldest) for (shard, payload, samples, oldest), block
+                     in zip(pieces, blocks or (None,) * len(pieces), strict=True)]
         self.done = False
         self.dropped = 0
         self.error: BaseException | None = None
@@ -645,15 +642,12 @@ class DurableQueue(QueueState):
         max_samples and max_entries MORE (none if the next one does not fit), held together with
         those it already holds. A consumer waiting for a fuller batch so reads each entry once.
         ``upto``: only entries with an id up to this one (a shard's part of a drain barrier)."""
-        if upto is not None:
-            if after > 0:
-                return self._read(shard, "shard = ? AND id > ? AND id <= ?", (shard, after, upto), max_samples,
-                                  max_entries, extend=True, after=after, upto=upto)
-            return self._read(shard, "shard = ? AND id <= ?", (shard, upto), max_samples, max_entries, upto=upto)
+        where, args = "shard = ?", [shard]
         if after > 0:
-            return self._read(shard, "shard = ? AND id > ?", (shard, after), max_samples, max_entries, extend=True,
-                              after=after)
-        return self._read(shard, "shard = ?", (shard,), max_samples, max_entries)
+            where, args = where + " AND id > ?", [*args, after]
+        if upto is not None:
+            where, args = where + " AND id <= ?", [*args, upto]
+        return self._read(shard, where, tuple(args), max_samples, max_entries, extend=after > 0, after=after, upto=upto)
 
     def peek_upto(self, max_id: int, max_samples: int, max_entries: int = 1000) -> list[Entry]:
         """Oldest entries of ANY shard with id <= max_id, in id order: the barrier a change of the
