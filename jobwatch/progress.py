@@ -35,6 +35,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 
 MAX_PUSH_BYTES = 64 * 1024  # upstream's status server limit
@@ -62,6 +63,8 @@ class BodyTooLarge(ProgressError):
 
 @dataclass(frozen=True)
 class Report:
+    """One progress report. ``metrics`` is read-only, keyed ``(name, phase)``; ``nonfinite`` holds names only."""
+
     step: int | None = None
     total_steps: int | None = None
     ratio: float | None = None  # 0..1
@@ -77,6 +80,12 @@ class Report:
     @property
     def has_progress(self) -> bool:
         return self.step is not None or self.ratio is not None
+
+    @property
+    def finished(self) -> bool:
+        """Progress 100 %, or RHOAI's summary says complete or early stopped (not "failed at N%")."""
+        summary = (self.summary or "").strip().lower()
+        return self.ratio == 1.0 or summary.startswith("complete") or summary == "early stopped"
 
 
 class _Bad:
@@ -215,7 +224,9 @@ def parse_trainer_status(obj: Any, source: str = "trainjob_status") -> Report:
             nonfinite.add(name)
         elif f is not None:
             metrics[(name, "eval" if name.startswith("eval_") else "train")] = f
-    return Report(step, total, ratio, eta_s, epoch, metrics, frozenset(nonfinite), reported_at, source)
+    return Report(
+        step, total, ratio, eta_s, epoch, MappingProxyType(metrics), frozenset(nonfinite), reported_at, source
+    )
 
 
 def _opt_int(obj: Mapping[str, Any], key: str, hi: int) -> int | None:
@@ -265,7 +276,7 @@ def parse_rhoai_annotation(text: str) -> Report:
         ratio=None if pct is None else pct / 100,
         eta_seconds=None if eta is None else float(eta),
         epoch=epoch,
-        metrics=metrics,
+        metrics=MappingProxyType(metrics),
         nonfinite=frozenset(nonfinite),
         reported_at=reported_at,
         source="rhoai_annotation",

@@ -368,6 +368,29 @@ def test_select_metrics(allow: tuple[str, ...], limit: int, keys: list[tuple[str
     assert all(got[k] == r.metrics[k] for k in keys)
 
 
+FINISHED = [
+    ("100-percent", {"ratio": 1.0}, True),
+    ("99-percent", {"ratio": 0.99}, False),
+    ("rhoai-complete", {"summary": "complete"}, True),
+    ("rhoai-complete-early", {"summary": "complete (early stopped)"}, True),
+    ("rhoai-early-stopped", {"summary": "early stopped"}, True),
+    ("rhoai-failed", {"summary": "failed at 40%"}, False),
+    ("rhoai-eta-text", {"summary": "9 days 5 hours"}, False),
+    ("nothing", {}, False),
+]
+
+
+@pytest.mark.parametrize(("fields", "want"), [r[1:] for r in FINISHED], ids=[r[0] for r in FINISHED])
+def test_report_finished(fields: dict[str, Any], want: bool) -> None:
+    assert Report(**fields).finished is want
+
+
+def test_report_metrics_are_read_only() -> None:
+    r = pg.parse_rhoai_annotation(o.RHOAI_ANNOTATION)
+    with pytest.raises(TypeError):
+        r.metrics[("loss", "train")] = 0.0  # type: ignore[index]
+
+
 def test_select_metrics_leaves_nonfinite_to_its_own_list() -> None:
     r = pg.parse_rhoai_annotation(_ann(trainMetrics={"loss": None, "grad_norm": 2.0}, evalMetrics={}))
     assert pg.select_metrics(r) == {("grad_norm", "train"): 2.0}
