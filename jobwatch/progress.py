@@ -53,12 +53,37 @@ _NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 _NONFINITE = re.compile(r"[+-]?(?:nan|inf|infinity)", re.IGNORECASE)
 
 
+ERROR_CODES = (
+    "not_json",
+    "not_object",
+    "too_large",
+    "wrong_type",
+    "out_of_range",
+    "nonfinite",
+    "bad_time",
+    "missing_time",
+    "bad_metric",
+    "too_many_metrics",
+)
+
+
 class ProgressError(ValueError):
-    """A progress input that cannot be used; ``str()`` is a short reason naming the field."""
+    """A progress input that cannot be used; ``str()`` is a short reason naming the field.
+
+    ``code`` is one of :data:`ERROR_CODES`, a bounded value fit for a metric label (the reason
+    text carries the bad value and is for the log only).
+    """
+
+    def __init__(self, reason: str, code: str = "wrong_type") -> None:
+        super().__init__(reason)
+        self.code = code
 
 
 class BodyTooLarge(ProgressError):
     """An input over its byte limit (the push endpoint answers 413, not 422)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason, "too_large")
 
 
 @dataclass(frozen=True)
@@ -99,27 +124,29 @@ def _loads(text: str | bytes, what: str) -> Any:
     try:
         return json.loads(text, parse_constant=lambda _c: _BAD)
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ProgressError(f"{what} is not JSON ({type(e).__name__})") from None
+        raise ProgressError(f"{what} is not JSON ({type(e).__name__})", "not_json") from None
 
 
 def _int(v: Any, name: str, lo: int, hi: int) -> int:
     if v is _BAD:
-        raise ProgressError(f"{name}: NaN or Infinity")
+        raise ProgressError(f"{name}: NaN or Infinity", "nonfinite")
     if isinstance(v, bool) or not isinstance(v, int):
         raise ProgressError(f"{name}: not an integer ({type(v).__name__})")
     if not lo <= v <= hi:
-        raise ProgressError(f"{name}: {v} is outside {lo}..{hi}")
+        raise ProgressError(f"{name}: {v} is outside {lo}..{hi}", "out_of_range")
     return v
 
 
 def _float(v: Any, name: str) -> float:
     if v is _BAD:
-        raise ProgressError(f"{name}: NaN or Infinity")
+        raise ProgressError(f"{name}: NaN or Infinity", "nonfinite")
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise ProgressError(f"{name}: not a number ({type(v).__name__})")
     f = float(v)
-    if not math.isfinite(f) or f < 0:
-        raise ProgressError(f"{name}: {v} is not a finite number >= 0")
+    if not math.isfinite(f):
+        raise ProgressError(f"{name}: {v} is not a finite number", "nonfinite")
+    if f < 0:
+        raise ProgressError(f"{name}: {v} is negative", "out_of_range")
     return f
 
 
@@ -135,8 +162,10 @@ def _text_number(text: str, name: str) -> float:
     f = _parse_text(text)
     if f is None:
         raise ProgressError(f"{name}: {text[:64]!r} is not a number")
-    if not math.isfinite(f) or f < 0:
-        raise ProgressError(f"{name}: {text[:64]!r} is not a finite number >= 0")
+    if not math.isfinite(f):
+        raise ProgressError(f"{name}: {text[:64]!r} is not a finite number", "nonfinite")
+    if f < 0:
+        raise ProgressError(f"{name}: {text[:64]!r} is negative", "out_of_range")
     return f
 
 
@@ -150,7 +179,7 @@ def _text_int(text: str, name: str) -> int:
 def parse_time(v: Any, name: str = "lastUpdatedTime") -> float:
     """Unix seconds of an RFC 3339 time with a zone (``Z`` or ``+hh:mm``; up to 9 fraction digits)."""
     if not isinstance(v, str) or not _RFC3339.fullmatch(v):
-        raise ProgressError(f"{name}: not an RFC 3339 time")
+        raise ProgressError(f"{name}: not an RFC 3339 time", "bad_time")
     text = v.upper().replace("Z", "+00:00")
     head, dot, rest = text.partition(".")
     if dot:  # datetime takes at most 6 fraction digits in every form; keep microseconds
@@ -160,7 +189,7 @@ def parse_time(v: Any, name: str = "lastUpdatedTime") -> float:
     try:
         return datetime.fromisoformat(text).timestamp()
     except ValueError:
-        raise ProgressError(f"{name}: {v[:40]!r} is not a valid time") from None
+        raise ProgressError(f"{name}: {v[:40]!r} is not a valid time", "bad_time") from None
 
 
 def _free_metric(value: Any) -> float | None:
@@ -179,7 +208,7 @@ def _free_metric(value: Any) -> float | None:
 
 def _metric_text(v: Any, what: str) -> str:
     if not isinstance(v, str) or not 1 <= len(v) <= MAX_METRIC_TEXT:
-        raise ProgressError(f"{what}: not a string of 1..{MAX_METRIC_TEXT} characters")
+        raise ProgressError(f"{what}: not a string of 1..{MAX_METRIC_TEXT} characters", "bad_metric")
     return v
 
 
@@ -188,9 +217,9 @@ def parse_trainer_status(obj: Any, source: str = "trainjob_status") -> Report:
     if source not in SOURCES:
         raise ValueError(f"unknown source {source!r}")
     if not isinstance(obj, Mapping):
-        raise ProgressError(f"trainerStatus: not an object ({type(obj).__name__})")
+        raise ProgressError(f"trainerStatus: not an object ({type(obj).__name__})", "not_object")
     if obj.get("lastUpdatedTime") is None:
-        raise ProgressError("lastUpdatedTime is required when trainerStatus is present")
+        raise ProgressError("lastUpdatedTime is required when trainerStatus is present", "missing_time")
     reported_at = parse_time(obj["lastUpdatedTime"])
     pct = obj.get("progressPercentage")
     ratio = None if pct is None else _int(pct, "progressPercentage", 0, 100) / 100
@@ -202,11 +231,11 @@ def parse_trainer_status(obj: Any, source: str = "trainjob_status") -> Report:
     if not isinstance(raw, list):
         raise ProgressError(f"metrics: not a list ({type(raw).__name__})")
     if len(raw) > MAX_METRICS:
-        raise ProgressError(f"metrics: {len(raw)} items, at most {MAX_METRICS}")
+        raise ProgressError(f"metrics: {len(raw)} items, at most {MAX_METRICS}", "too_many_metrics")
     values: dict[str, str] = {}
     for i, item in enumerate(raw):
         if not isinstance(item, Mapping):
-            raise ProgressError(f"metrics[{i}]: not an object")
+            raise ProgressError(f"metrics[{i}]: not an object", "bad_metric")
         values[_metric_text(item.get("name"), f"metrics[{i}].name")] = _metric_text(
             item.get("value"), f"metrics[{i}].value"
         )  # duplicates: the last wins
@@ -242,7 +271,7 @@ def parse_rhoai_annotation(text: str) -> Report:
         raise BodyTooLarge(f"annotation: over {MAX_ANNOTATION_BYTES} bytes")
     obj = _loads(text, "annotation")
     if not isinstance(obj, Mapping):
-        raise ProgressError(f"annotation: not a JSON object ({type(obj).__name__})")
+        raise ProgressError(f"annotation: not a JSON object ({type(obj).__name__})", "not_object")
     pct = _opt_int(obj, "progressPercentage", 100)
     eta = _opt_int(obj, "estimatedRemainingSeconds", INT32_MAX)
     step = _opt_int(obj, "currentStep", STEP_MAX)
@@ -293,7 +322,7 @@ def validate_push_body(body: bytes) -> Report | None:
     if obj is None:  # Go decodes a JSON null into the zero request: no trainerStatus, a no-op
         return None
     if not isinstance(obj, Mapping):
-        raise ProgressError(f"body: not a JSON object ({type(obj).__name__})")
+        raise ProgressError(f"body: not a JSON object ({type(obj).__name__})", "not_object")
     status = obj.get("trainerStatus")
     return None if status is None else parse_trainer_status(status, "push")
 

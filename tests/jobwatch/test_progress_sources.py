@@ -166,8 +166,9 @@ UPSTREAM_BAD = [
 
 @pytest.mark.parametrize(("status", "reason"), [r[1:] for r in UPSTREAM_BAD], ids=[r[0] for r in UPSTREAM_BAD])
 def test_upstream_rejects(status: Any, reason: str) -> None:
-    with pytest.raises(ProgressError, match=re.escape(reason)):
+    with pytest.raises(ProgressError, match=re.escape(reason)) as info:
         pg.parse_trainer_status(status, "trainjob_status")
+    assert info.value.code in pg.ERROR_CODES
 
 
 def test_unknown_source_is_a_programming_error() -> None:
@@ -267,8 +268,9 @@ RHOAI_BAD = [
 
 @pytest.mark.parametrize(("text", "reason", "error"), [r[1:] for r in RHOAI_BAD], ids=[r[0] for r in RHOAI_BAD])
 def test_rhoai_rejects(text: str, reason: str, error: type[ProgressError]) -> None:
-    with pytest.raises(error, match=reason):
+    with pytest.raises(error, match=reason) as info:
         pg.parse_rhoai_annotation(text)
+    assert info.value.code in pg.ERROR_CODES
 
 
 def test_rhoai_not_a_string() -> None:
@@ -328,8 +330,9 @@ PUSH_BAD = [
 
 @pytest.mark.parametrize(("body", "reason", "error"), [r[1:] for r in PUSH_BAD], ids=[r[0] for r in PUSH_BAD])
 def test_push_rejects(body: bytes, reason: str, error: type[ProgressError]) -> None:
-    with pytest.raises(error, match=reason):
+    with pytest.raises(error, match=reason) as info:
         pg.validate_push_body(body)
+    assert info.value.code in pg.ERROR_CODES
 
 
 def test_push_body_at_the_limit_is_read() -> None:
@@ -339,6 +342,34 @@ def test_push_body_at_the_limit_is_read() -> None:
     body = _body({"trainerStatus": status})
     assert len(body) == pg.MAX_PUSH_BYTES
     assert pg.validate_push_body(body) is not None
+
+
+CODES = [
+    ("not-json", lambda: pg.parse_rhoai_annotation("{"), "not_json"),
+    ("not-object", lambda: pg.parse_rhoai_annotation("[]"), "not_object"),
+    ("too-large", lambda: pg.parse_rhoai_annotation(" " * 70_000), "too_large"),
+    ("wrong-type", lambda: pg.parse_rhoai_annotation('{"currentStep": "5"}'), "wrong_type"),
+    ("negative", lambda: pg.parse_rhoai_annotation('{"currentStep": -5}'), "out_of_range"),
+    ("nan-constant", lambda: pg.parse_rhoai_annotation('{"currentStep": NaN}'), "nonfinite"),
+    ("huge-float", lambda: pg.parse_rhoai_annotation('{"currentEpoch": 1e999}'), "nonfinite"),
+    ("nan-text", lambda: pg.parse_trainer_status(_metrics(("current_step", "NaN"))), "nonfinite"),
+    ("negative-text", lambda: pg.parse_trainer_status(_metrics(("current_step", "-1"))), "out_of_range"),
+    ("bad-time", lambda: pg.parse_trainer_status(_status(lastUpdatedTime="now")), "bad_time"),
+    ("missing-time", lambda: pg.parse_trainer_status(_status(lastUpdatedTime=_DROP)), "missing_time"),
+    ("bad-metric", lambda: pg.parse_trainer_status(_metrics(("loss", 1.0))), "bad_metric"),
+    (
+        "too-many",
+        lambda: pg.parse_trainer_status(_status(metrics=[{"name": "a", "value": "1"}] * 257)),
+        "too_many_metrics",
+    ),
+]
+
+
+@pytest.mark.parametrize(("call", "code"), [r[1:] for r in CODES], ids=[r[0] for r in CODES])
+def test_error_codes_are_bounded_labels(call: Any, code: str) -> None:
+    with pytest.raises(ProgressError) as info:
+        call()
+    assert info.value.code == code and code in pg.ERROR_CODES
 
 
 def test_body_too_large_is_a_progress_error() -> None:
@@ -416,7 +447,7 @@ FIELDS = [
 ]
 
 
-@settings(deadline=None, max_examples=300)
+@settings(deadline=None, max_examples=150)
 @given(st.dictionaries(st.sampled_from(FIELDS), JSON_VALUES, max_size=8))
 def test_rhoai_any_json_is_a_report_or_a_progress_error(doc: dict[str, Any]) -> None:
     text = json.dumps(doc)
@@ -429,7 +460,7 @@ def test_rhoai_any_json_is_a_report_or_a_progress_error(doc: dict[str, Any]) -> 
     assert all(math.isfinite(v) for v in r.metrics.values())
 
 
-@settings(deadline=None, max_examples=300)
+@settings(deadline=None, max_examples=150)
 @given(
     st.dictionaries(
         st.sampled_from(["progressPercentage", "estimatedRemainingSeconds", "metrics", "lastUpdatedTime"]),
