@@ -187,7 +187,7 @@ class PushEndpoint:
         except BodyTooLarge as exc:
             return status(413, "RequestEntityTooLarge", str(exc))
         except ProgressError as exc:
-            self.health.progress_error("push", "not_json" if "is not JSON" in str(exc) else "invalid")
+            self.health.progress_error("push", str(getattr(exc, "code", "invalid")))
             return status(422, "Invalid", f"invalid status update: {exc}")
         if report is not None:
             self.state.push(own, report)

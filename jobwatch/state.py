@@ -28,7 +28,6 @@ from jobwatch.health import Health
 from jobwatch.prices import PriceTable
 from jobwatch.progress import (
     DEFAULT_ALLOW,
-    BodyTooLarge,
     ProgressError,
     Report,
     parse_rhoai_annotation,
@@ -130,9 +129,7 @@ def _is_gpu_node(obj: Mapping[str, Any]) -> bool:
 
 
 def _reason(exc: ProgressError) -> str:
-    if isinstance(exc, BodyTooLarge):
-        return "too_large"
-    return "not_json" if "is not JSON" in str(exc) else "invalid"
+    return str(getattr(exc, "code", "invalid"))
 
 
 class State:
