@@ -7,7 +7,7 @@
 # Build: docker build -t gpu-telemetry:0.1.0 .   (BuildKit, the default since Docker 23)
 
 # --- build: wheels for the project and every dependency -------------------------------------
-# gcc and zlib's header (relay._csnappy's crc32) for the relay's native per-series core (relay/csrc,
+# gcc and zlib's header (relay.native._csnappy's crc32) for the relay's native per-series core (relay/native,
 # built by setup.py); the image has the Python headers. Only this stage has a compiler; the runtime
 # image has zlib itself.
 FROM python:3.11-slim AS build
@@ -21,10 +21,10 @@ COPY relay ./relay
 COPY telemetry_common ./telemetry_common
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 # setup.py builds the extensions as optional: a wheel without one would run the slow Python
-# fallback, so the build fails here unless it holds relay/_<name>*.so for every relay/csrc/<name>.c.
+# fallback, so the build fails here unless it holds relay/native/_<name>*.so for every relay/native/<name>.c.
 RUN python -c "import glob, pathlib, zipfile; \
 names = zipfile.ZipFile(glob.glob('/wheels/gpu_telemetry-*.whl')[0]).namelist(); \
-want = sorted('relay/_' + c.stem for c in pathlib.Path('relay/csrc').glob('*.c')); \
+want = sorted('relay/native/_' + c.stem for c in pathlib.Path('relay/native').glob('*.c')); \
 missing = [w for w in want if not any(n.startswith(w + '.') and n.endswith('.so') for n in names)]; \
 assert want and not missing, f'the wheel lacks native modules {missing}'"
 

@@ -1,4 +1,4 @@
-"""Native parts of gpu-relay: every ``relay/csrc/<name>.c`` is the C extension ``relay._<name>``.
+"""Native parts of gpu-relay: every ``relay/native/<name>.c`` is the C extension ``relay.native._<name>``.
 
 They are optional: where one does not build (no gcc or Python headers), the package still
 installs and the relay runs its pure-Python reference code instead, saying so at start
@@ -9,13 +9,13 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 
-_SRC = Path("relay/csrc")
+_SRC = Path("relay/native")
 _HEADERS = sorted(str(p) for p in _SRC.glob("*.h"))
 
 setup(
     ext_modules=[
         Extension(
-            f"relay._{c.stem}",
+            f"relay.native._{c.stem}",
             sources=[str(c)],
             depends=_HEADERS,
             include_dirs=[str(_SRC)],

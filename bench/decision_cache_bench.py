@@ -1,5 +1,5 @@
 """The decision cache's share of memory per active series, and the cost of a cached lookup: the
-native DecisionTable (relay/csrc/cdcache.c) against the reference dict, side by side in one run.
+native DecisionTable (relay/native/cdcache.c) against the reference dict, side by side in one run.
 
 Memory rows run bench/pipeline_memory_bench.py's measurement (a Pipeline with one dry-run
 destination routes N distinct dcgm-like series of ~330 label bytes; RSS delta after the first round
@@ -39,10 +39,10 @@ IMPLS = {"c": "1", "py": "0"}
 def _pipeline(config_name: str, cache_max_bytes: int) -> Any:
     from prometheus_client import CollectorRegistry
 
-    from relay.cardinality import CardinalityMetrics, DestinationStats
-    from relay.config import parse_config
-    from relay.metrics import RelayMetrics
-    from relay.pipeline import Pipeline
+    from relay.common.metrics import RelayMetrics
+    from relay.config.config import parse_config
+    from relay.state.cardinality import CardinalityMetrics, DestinationStats
+    from relay.state.pipeline import Pipeline
 
     config = parse_config(
         "storage: {path: /nonexistent}\nexternal_labels: {cluster: prod}\n"
@@ -57,7 +57,7 @@ def _pipeline(config_name: str, cache_max_bytes: int) -> Any:
 def measure(n: int, config_name: str, cache: str) -> dict[str, Any]:
     """Runs inside the child process: bench/pipeline_memory_bench.py's measure, plus the cache's size."""
     from bench import pipeline_memory_bench
-    from relay import decision_cache
+    from relay.state import decision_cache
 
     r = pipeline_memory_bench.measure(n, config_name, cache, True)
     return {"rss_delta": r["rss_delta"], "first_us": r["first_us"], "known_us": r["known_us"],
@@ -68,7 +68,8 @@ def measure(n: int, config_name: str, cache: str) -> dict[str, Any]:
 def lookups(n: int, config_name: str, repeat: int) -> dict[str, float]:
     """ns per ``get`` hit: dict vs DecisionTable holding the same decisions (child process)."""
     from bench.relay_bench import METRICS
-    from relay import _cdcache, wire  # type: ignore[attr-defined]
+    from relay.ingest import wire  # type: ignore[attr-defined]
+    from relay.native import _cdcache
 
     p = _pipeline(config_name, 0)
     metrics = list(METRICS)
@@ -116,9 +117,9 @@ def table_only(n: int, config_name: str) -> dict[str, Any]:
     import hashlib
 
     from bench.relay_bench import METRICS
-    from relay import wire
-    from relay.decision_cache import DecisionCache
-    from relay.stage import CLAIM, POS_SHIFT, RULES
+    from relay.ingest import wire
+    from relay.state.decision_cache import DecisionCache
+    from relay.state.stage import CLAIM, POS_SHIFT, RULES
 
     metrics = list(METRICS)
     keep = set(CONFIGS[config_name].split("regex: '")[1].split("'")[0].split("|")) if "keep" in config_name else None
@@ -210,14 +211,14 @@ def main(argv: list[str]) -> int:
     header = (f"{'series':>9}  {'rules':<12} {'impl':<4} {'cache':<9} {'B/series':>8}  {'RSS delta':>9}  "
               f"{'cache MiB':>9}  {'cached':>9}  {'first':>8}  {'known':>8}")
     print("Memory per active series (RSS delta after one round over N distinct dcgm-like series / N) and")
-    print("us per series on the first (uncached) and second (known) round; c = relay._cdcache, py = dict.")
+    print("us per series on the first (uncached) and second (known) round; c = relay.native._cdcache, py = dict.")
     print(header)
     print("-" * len(header))
     for n in sizes:
         for config_name, impl, cache in rows:
             r = child("memory", [str(n), config_name, cache], impl)
             if impl == "c" and not r["native"]:
-                raise SystemExit("relay._cdcache is not built: run `bash scripts/setup.sh`")
+                raise SystemExit("relay.native._cdcache is not built: run `bash scripts/setup.sh`")
             print(f"{n:>9,}  {config_name:<12} {impl:<4} {cache:<9} {r['rss_delta'] / n:>8.0f}  "
                   f"{r['rss_delta'] / 2**20:>5.0f} MiB  {r['cache_bytes'] / 2**20:>9.1f}  {r['cached']:>9,}  "
                   f"{r['first_us']:>5.1f} us  {r['known_us']:>5.1f} us", flush=True)

@@ -60,7 +60,7 @@ def pct(values: list[float], p: float) -> float:
 
 def make_backend(kind: str, n: int) -> Any:
     if kind == "nvml":
-        from exporter.nvml import NvmlBackend
+        from exporter.nvml.backend import NvmlBackend
 
         return NvmlBackend()
     from exporter.simulated import SimulatedBackend

@@ -1,4 +1,4 @@
-"""Fuzz relay._cdcache.DecisionTable against a dict (atheris, coverage-guided): each input is a
+"""Fuzz relay.native._cdcache.DecisionTable against a dict (atheris, coverage-guided): each input is a
 program of set/get/pop/popitem/clear operations on keys and decisions built from the fuzz bytes
 (label-entry keys of any length, outputs derived from them by leaving entries out and putting runs
 in, the decision shapes of relay.stage, and malformed ones); both must give the same answers.
@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import atheris
 
-from relay import _cdcache  # type: ignore[attr-defined]
+from relay.native import _cdcache  # type: ignore[attr-defined]
 
 # atheris instruments Python only: the coverage that guides it is this harness's branches (which
 # shapes were built, which operations ran); the C table is checked on every input regardless.

@@ -1,4 +1,4 @@
-"""Fuzz relay._crw2 (RW 2.0 -> 1.0 in C) against its Python reference, relay.wire_v2.py_v2_to_v1.
+"""Fuzz relay.native._crw2 (RW 2.0 -> 1.0 in C) against its Python reference, relay.wire_v2.py_v2_to_v1.
 
 Every input goes to both; they must give the same v1 bytes and counts or the same error (type,
 status, message), and where the C code answers by itself (``transcode`` is not None) its answer
@@ -30,14 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import atheris
 
 with atheris.instrument_imports():
-    from relay import protowire, wire_v2
+    from relay.common import protowire
+    from relay.ingest import wire_v2
 
 from relay import native
 from relay.proto import remote_v2_pb2 as v2pb
 
 _c = native.load("crw2")
 if _c is None:
-    sys.exit("relay._crw2 is not built (or GPU_RELAY_NATIVE=0): nothing to fuzz")
+    sys.exit("relay.native._crw2 is not built (or GPU_RELAY_NATIVE=0): nothing to fuzz")
 STATS: collections.Counter[str] = collections.Counter()
 REPORT_EVERY = 10_000
 LIMITS = (wire_v2.DEFAULT_MAX_BYTES, 4096, 200)

@@ -1,5 +1,5 @@
-"""Fuzz relay._csnappy.uncompress against the reference (python-snappy over cramjam) with atheris,
-and relay._csnappy.compress by round trip.
+"""Fuzz relay.native._csnappy.uncompress against the reference (python-snappy over cramjam) with atheris,
+and relay.native._csnappy.compress by round trip.
 
 An input's first byte picks what is decoded: the raw bytes after it (libFuzzer's mutations reach
 every tag and header shape), or those bytes compressed by cramjam and then maybe damaged (a
@@ -28,10 +28,10 @@ import snappy
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 with atheris.instrument_imports():
-    from relay import wire  # instrumented: coverage guides the fuzzer
+    from relay.ingest import wire  # instrumented: coverage guides the fuzzer
 
 from relay import native
-from relay.protowire import WireError, encode_uvarint
+from relay.common.protowire import WireError, encode_uvarint
 
 csnappy: Any = native.load("csnappy")
 runs = {"inputs": 0, "accepted": 0, "compressed": 0}
@@ -129,7 +129,7 @@ def seeds() -> list[bytes]:
 
 def main() -> None:
     if csnappy is None:
-        sys.exit("relay._csnappy is not built (bash scripts/setup.sh) or GPU_RELAY_NATIVE=0")
+        sys.exit("relay.native._csnappy is not built (bash scripts/setup.sh) or GPU_RELAY_NATIVE=0")
     args = list(sys.argv)
     corpus = [a for a in args[1:] if not a.startswith("-")]
     if corpus:

@@ -1,4 +1,4 @@
-"""Fuzz relay._cwire.route_loop against the Python reference (wire._route_loop) with atheris.
+"""Fuzz relay.native._cwire.route_loop against the Python reference (wire._route_loop) with atheris.
 
 An input is raw request bytes (first byte >= 0x80) or a recipe for a request built from valid parts,
 maybe damaged afterwards: many of those go through the C loop itself. Every input is routed by both,
@@ -29,11 +29,12 @@ import atheris
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 with atheris.instrument_imports():
-    from relay import protowire, wire, wire_entries  # noqa: F401  (instrumented: coverage guides the fuzzer)
+    from relay.ingest import wire, wire_entries  # noqa: F401  (instrumented: coverage guides the fuzzer)
 
-from relay import label_codec, native
+from relay import native
+from relay.common.protowire import WireError, encode_int64, encode_len
 from relay.proto import remote_v1_pb2 as v1pb
-from relay.protowire import WireError, encode_int64, encode_len
+from relay.rules import label_codec
 
 cwire: Any = native.load("cwire")
 runs = {"inputs": 0, "accepted": 0, "fallbacks_at_start": 0}
@@ -175,7 +176,7 @@ def seeds() -> list[bytes]:
 
 def main() -> None:
     if cwire is None:
-        sys.exit("relay._cwire is not built (bash scripts/setup.sh) or GPU_RELAY_NATIVE=0")
+        sys.exit("relay.native._cwire is not built (bash scripts/setup.sh) or GPU_RELAY_NATIVE=0")
     args = list(sys.argv)
     corpus = [a for a in args[1:] if not a.startswith("-")]
     if corpus:

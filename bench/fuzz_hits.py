@@ -1,4 +1,4 @@
-"""Fuzz Pipeline.route's cache-hit fast path (relay._cstage.route_hits) against the reference, with atheris.
+"""Fuzz Pipeline.route's cache-hit fast path (relay.native._cstage.route_hits) against the reference, with atheris.
 
 An input is a request built by bench/fuzz_cwire.py's ``structured`` (valid parts, series repeated,
 histograms, exemplars, metadata, sometimes damaged) or raw bytes. Two pipelines route it three times
@@ -24,11 +24,12 @@ import atheris
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 with atheris.instrument_imports():
-    from relay import wire  # noqa: F401  (instrumented: coverage guides the fuzzer)
+    from relay.ingest import wire  # noqa: F401  (instrumented: coverage guides the fuzzer)
 
 from bench.fuzz_cwire import seeds, structured
-from relay import cardinality, native
-from relay.stage import route_hits
+from relay import native
+from relay.state import cardinality
+from relay.state.stage import route_hits
 
 _c: Any = native.load("cstage")
 CONFIG = """\
@@ -57,10 +58,10 @@ def clock() -> float:
 def build(reference: bool) -> Any:
     from prometheus_client import CollectorRegistry
 
-    from relay.cardinality import CardinalityMetrics, DestinationStats
-    from relay.config import parse_config
-    from relay.metrics import RelayMetrics
-    from relay.pipeline import Pipeline
+    from relay.common.metrics import RelayMetrics
+    from relay.config.config import parse_config
+    from relay.state.cardinality import CardinalityMetrics, DestinationStats
+    from relay.state.pipeline import Pipeline
 
     config = parse_config(CONFIG)
     saved = cardinality._NATIVE

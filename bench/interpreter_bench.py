@@ -29,8 +29,8 @@ from bench.relay_run import KEEP4_RULES, Proc, Result, _started, measure, relay_
 from bench.rw_payload import ISSUE9_OTHER_PER_NODE, KEEP, Payload, payload
 from tests.helpers import free_port
 
-UNTUNED = ("import sys; from relay import interpreter; interpreter.tune = interpreter.current; "
-           "from relay.cli import main; sys.exit(main())")
+UNTUNED = ("import sys; from relay.control import interpreter; interpreter.tune = interpreter.current; "
+           "from relay.control.cli import main; sys.exit(main())")
 
 
 def start(rules: str, work: Path, rx_url: str, tuned: bool) -> AbstractContextManager[Proc]:

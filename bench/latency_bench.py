@@ -26,11 +26,11 @@ from typing import Any
 import snappy
 from prometheus_client import CollectorRegistry
 
-from relay.metrics import RelayMetrics
-from relay.queue import DurableQueue
-from relay.sender import Sender, SenderSettings
-from relay.transport import HttpTransport
-from relay.wire import decode_write_request, encode_write_request
+from relay.common.metrics import RelayMetrics
+from relay.delivery.queue.durable import DurableQueue
+from relay.delivery.sender import Sender, SenderSettings
+from relay.delivery.transport import HttpTransport
+from relay.ingest.wire import decode_write_request, encode_write_request
 
 
 class _Receiver(ThreadingHTTPServer):

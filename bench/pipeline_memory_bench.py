@@ -16,7 +16,7 @@ then a second round over the same series (us per known series); times are CPU ti
 Cache budgets per row: ``default`` (relay.pipeline.DEFAULT_CACHE_MAX_BYTES), ``none`` (0: state only,
 every occurrence re-decided), ``unbounded`` (every series cached, what a relay without a budget costs).
 
-Columns ``tables`` (bytes of the trackers' C tables, relay._cstage, per series; "-" for the Python
+Columns ``tables`` (bytes of the trackers' C tables, relay.native._cstage, per series; "-" for the Python
 reference) and ``cache est`` (the decision cache's own estimate of its bytes, per series) break the
 RSS figure down. The header says whether the native core was in use (``GPU_RELAY_NATIVE=0``: the
 reference).
@@ -74,11 +74,12 @@ def measure(n: int, config_name: str, cache: str, known_round: bool = True) -> d
     from prometheus_client import CollectorRegistry
 
     from bench.relay_bench import METRICS
-    from relay import pipeline, wire
-    from relay.cardinality import CardinalityMetrics, DestinationStats
-    from relay.config import parse_config
-    from relay.metrics import RelayMetrics
-    from relay.pipeline import Pipeline
+    from relay.common.metrics import RelayMetrics
+    from relay.config.config import parse_config
+    from relay.ingest import wire
+    from relay.state import pipeline
+    from relay.state.cardinality import CardinalityMetrics, DestinationStats
+    from relay.state.pipeline import Pipeline
 
     # (the bench also runs on code before the bounded cache: then only the "default" rows)
     default = getattr(pipeline, "DEFAULT_CACHE_MAX_BYTES", None)
@@ -162,7 +163,7 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT))
     from relay import native
 
-    core = "relay._cstage (C tables)" if native.load("cstage") is not None else "pure-Python reference"
+    core = "relay.native._cstage (C tables)" if native.load("cstage") is not None else "pure-Python reference"
     print("gpu-relay pipeline (route: decode, rules, accounting, limits, collisions; one dry-run destination,")
     print("external_labels {cluster}), dcgm-like series of ~330 label bytes. B/series: RSS delta after one round")
     print("over N distinct series / N. first / known: us per series on the first / second round.")

@@ -37,10 +37,10 @@ def worker(nodes: int, rounds: int) -> dict[str, float]:
 
     from bench.relay_run import KEEP4_RULES
     from bench.rw_payload import ISSUE9_OTHER_PER_NODE, payload
-    from relay.cardinality import CardinalityMetrics, DestinationStats
-    from relay.config import parse_config
-    from relay.metrics import RelayMetrics
-    from relay.pipeline import Pipeline
+    from relay.common.metrics import RelayMetrics
+    from relay.config.config import parse_config
+    from relay.state.cardinality import CardinalityMetrics, DestinationStats
+    from relay.state.pipeline import Pipeline
 
     pl = payload(nodes, rounds, other_per_node=ISSUE9_OTHER_PER_NODE)
     bodies = [bytes(snappy.decompress(r)) for r in pl.requests]

@@ -109,11 +109,12 @@ def run_once(args: argparse.Namespace) -> dict[str, float]:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from prometheus_client import CollectorRegistry
 
-    from relay import queue_codec, wire
-    from relay.metrics import RelayMetrics
-    from relay.queue import DurableQueue
-    from relay.sender import Sender, SenderSettings
-    from relay.service import default_transport
+    from relay.common.metrics import RelayMetrics
+    from relay.control.service import default_transport
+    from relay.delivery.queue import codec as queue_codec
+    from relay.delivery.queue.durable import DurableQueue
+    from relay.delivery.sender import Sender, SenderSettings
+    from relay.ingest import wire
 
     if args.pack_min is not None:
         queue_codec.MIN_PACK_BYTES = args.pack_min

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import snappy
 
-from relay import wire
+from relay.ingest import wire
 from tests.helpers import free_port, wait_until
 
 

@@ -63,7 +63,7 @@ from bench.relay_run import (
     start_vmagent,
 )
 from bench.rw_payload import DROP_LABELS, ISSUE9_OTHER_PER_NODE, KEEP, METRICS, Payload, payload
-from relay.wire_v2 import v2_to_v1
+from relay.ingest.wire_v2 import v2_to_v1
 
 __all__ = ["METRICS", "Payload", "Result", "main", "payload", "run_relay"]
 

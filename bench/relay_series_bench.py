@@ -3,7 +3,7 @@
 First sight in process (``in_process_table``): ``Pipeline.decide`` (the uncached path: decode, rules,
 prune, AMP checks, aggregation match, output encoding and id) timed on series it has never seen, after
 a warm-up on others, against a frozen copy of the reference path it replaced
-(tests/first_sight_reference.py), side by side in one run, for three rule sets (keep 4 DCGM names +
+(tests/relay/state/first_sight_reference.py), side by side in one run, for three rule sets (keep 4 DCGM names +
 labeldrop 2; pass-through; a kube-prometheus-stack-like set) and two label-set shapes (dcgm-exporter
 and kube-state-metrics). Also the whole in-process route of a request of new series minus the same
 request once known (``Pipeline.route``: trackers and the decision cache included), and the memos' bytes.
@@ -62,13 +62,15 @@ from bench.rw_payload import (
     encode_v1,
     gpu_series,
 )
-from relay import label_codec, limits, relabel_regexp, rule_plan, wire
-from relay.cardinality import CardinalityMetrics, DestinationStats
-from relay.config import parse_config
-from relay.labels import Labels
-from relay.metrics import RelayMetrics
-from relay.pipeline import Pipeline
-from tests.first_sight_reference import ref_decide
+from relay.common.labels import Labels
+from relay.common.metrics import RelayMetrics
+from relay.config.config import parse_config
+from relay.ingest import wire
+from relay.rules import label_codec, relabel_regexp, rule_plan
+from relay.state import limits
+from relay.state.cardinality import CardinalityMetrics, DestinationStats
+from relay.state.pipeline import Pipeline
+from tests.relay.state.first_sight_reference import ref_decide
 
 HERE = Path(__file__).resolve().parents[1]
 WARM_NODE = 900_000  # warm-up series come from node numbers no measured series uses

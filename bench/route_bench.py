@@ -1,4 +1,4 @@
-"""The per-series route loop, Python reference vs C (relay/csrc/cwire.c), side by side in one run.
+"""The per-series route loop, Python reference vs C (relay/native/cwire.c), side by side in one run.
 
 Requests of the issue 9 shape (bench/rw_payload.py: dcgm-exporter series plus node-exporter-like
 ones, 2,000 series per request, one sample each) go through ``wire.route`` with 2 destinations:
@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import snappy
 
 from bench.rw_payload import ISSUE9_OTHER_PER_NODE, build_requests, cluster_series
-from relay import native, wire
+from relay import native
+from relay.ingest import wire
 
 Loop = Callable[..., Any]
 
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     nodes, repeat = (4, 3) if args.quick else (args.nodes, args.repeat)
     c = native.load("cwire")
     if c is None:
-        print("relay._cwire is not built or GPU_RELAY_NATIVE=0: nothing to compare", file=sys.stderr)
+        print("relay.native._cwire is not built or GPU_RELAY_NATIVE=0: nothing to compare", file=sys.stderr)
         return 1
     loops: dict[str, Loop] = {"python": wire._route_loop, "c": c.route_loop}
     series = cluster_series(nodes, ISSUE9_OTHER_PER_NODE)

@@ -1,8 +1,8 @@
-"""RW 2.0 -> 1.0 transcoding in process: the Python reference and relay._crw2 side by side, one run.
+"""RW 2.0 -> 1.0 transcoding in process: the Python reference and relay.native._crw2 side by side, one run.
 
 Issue 9's payload shape (bench/rw_payload.py: 250 nodes x 252 series = 63,000 series per round, 2,000
 series per request), ``--rounds`` rounds as Remote-Write 2.0. For every request, alternately: the
-reference ``relay.wire_v2.py_v2_to_v1`` and the C ``relay._crw2.v2_to_v1`` (the least CPU time of
+reference ``relay.wire_v2.py_v2_to_v1`` and the C ``relay.native._crw2.v2_to_v1`` (the least CPU time of
 ``--repeat`` passes each), in us of CPU per series. Then what a request costs the relay in process up to its routed
 series, both versions side by side: snappy + route of the RW 1.0 request, and snappy + v2_to_v1 (C)
 + route of the RW 2.0 one, with a warm decision cache (the steady state: every series known).
@@ -26,7 +26,8 @@ import snappy
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.rw_payload import ISSUE9_OTHER_PER_NODE, PER_REQUEST, SCRAPE_MS, cluster_series, encode_v1, encode_v2
-from relay import native, wire, wire_v2
+from relay import native
+from relay.ingest import wire, wire_v2
 
 T0 = 1_764_547_200_000  # 2025-12-01 00:00 UTC in ms
 
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     crw2 = native.load("crw2")
     if crw2 is None:
-        sys.exit("relay._crw2 is not built (or GPU_RELAY_NATIVE=0): build it with `bash scripts/setup.sh`")
+        sys.exit("relay.native._crw2 is not built (or GPU_RELAY_NATIVE=0): build it with `bash scripts/setup.sh`")
     series = cluster_series(args.nodes, ISSUE9_OTHER_PER_NODE)
     chunks = [series[i : i + PER_REQUEST] for i in range(0, len(series), PER_REQUEST)]
     stamps = [T0 + r * SCRAPE_MS for r in range(args.rounds)]  # as build_requests, on a fixed clock

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import snappy
 
 from exporter.fields import DEFAULT_FIELDS, FIELDS
-from relay import wire
+from relay.ingest import wire
 from relay.proto import remote_v2_pb2
 
 # What a node's dcgm-exporter default set sends (NVLink bandwidth is absent on PCIe H200 nodes).

@@ -6,7 +6,7 @@ cache lookups, measured inside the same calls and subtracted): what is left is t
 tracker, sharding into queue pieces). Issue 9's payload (bench/rw_payload.py: 250 nodes x 252 series,
 2,000 series per request), rules "keep4" (keep 4 DCGM names, labeldrop 2 labels) and "passthrough"
 as bench/relay_bench.py; one dry-run destination (no queue), external_labels {cluster}. Two
-pipelines, one on relay._cstage and one on the reference, route every request in turn (CPU time,
+pipelines, one on relay.native._cstage and one on the reference, route every request in turn (CPU time,
 ``time.process_time``); the first round (every series new, every label set decided) is reported
 apart from the later ones (series known).
 
@@ -14,7 +14,7 @@ apart from the later ones (series known).
     .venv/bin/python bench/stage_bench.py --quick    # 25 nodes x 4 rounds
 
 The timers wrap ``wire.route`` and the state calls, which turns Pipeline.route's cache-hit fast path
-(relay._cstage.route_hits: the whole pass in one C call) off: this bench measures the path of separate
+(relay.native._cstage.route_hits: the whole pass in one C call) off: this bench measures the path of separate
 calls; bench/pipeline_route_bench.py measures route as the relay runs it, fast path included.
 
 A second table times the two state calls directly, on one request of known series routed again and
@@ -39,11 +39,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.relay_run import KEEP4_RULES
 from bench.rw_payload import ISSUE9_OTHER_PER_NODE, payload
-from relay import cardinality, native, wire
-from relay.cardinality import CardinalityMetrics, CSeriesTracker, DestinationStats
-from relay.config import parse_config
-from relay.metrics import RelayMetrics
-from relay.pipeline import Pipeline
+from relay import native
+from relay.common.metrics import RelayMetrics
+from relay.config.config import parse_config
+from relay.ingest import wire
+from relay.state import cardinality
+from relay.state.cardinality import CardinalityMetrics, CSeriesTracker, DestinationStats
+from relay.state.pipeline import Pipeline
 
 SCENARIOS = {"keep4": KEEP4_RULES, "passthrough": ""}
 
@@ -136,7 +138,7 @@ def main(argv: list[str]) -> int:
     if args.quick:
         args.nodes, args.rounds = 25, 4
     if native.load("cstage") is None:
-        print("relay._cstage is not in use (GPU_RELAY_NATIVE=0 or not built): nothing to compare")
+        print("relay.native._cstage is not in use (GPU_RELAY_NATIVE=0 or not built): nothing to compare")
         return 1
     pl = payload(args.nodes, args.rounds, other_per_node=ISSUE9_OTHER_PER_NODE)
     bodies = [bytes(snappy.decompress(r)) for r in pl.requests]

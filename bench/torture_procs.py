@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from relay import wire  # noqa: E402
+from relay.ingest import wire  # noqa: E402
 from tests.helpers import free_port  # noqa: E402
 from tests.helpers import wait_until as wait  # noqa: E402
 

@@ -43,7 +43,7 @@ fi
 
 PROBE_ONLY=0
 [[ "${1:-}" == "--probe-only" || -n "${GPU_CHECK_FAKE:-}" ]] && PROBE_ONLY=1
-[[ -n "${GPU_CHECK_FAKE:-}" ]] && export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"  # tests.fake_pynvml
+[[ -n "${GPU_CHECK_FAKE:-}" ]] && export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"  # tests.exporter.fake_pynvml
 
 PORT=${GPU_CHECK_PORT:-$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
 LOAD_S=${GPU_CHECK_LOAD_SECONDS:-40}
@@ -63,11 +63,11 @@ cat >"$WORK/probe.py" <<'EOF'
 import os, time
 from exporter.backend import GpuLostError
 from exporter.fields import DEFAULT_FIELDS
-from exporter.nvml import NvmlBackend
+from exporter.nvml.backend import NvmlBackend
 
 fake_mode = os.environ.get("GPU_CHECK_FAKE", "")
 if fake_mode:
-    from tests.fake_pynvml import FakeNvml
+    from tests.exporter.fake_pynvml import FakeNvml
     fake = FakeNvml(n_gpus=2)
     fake.gpm_refused = fake_mode == "refused"
     b = NvmlBackend(fake, clock=fake.clock, wall_clock=fake.clock)

@@ -10,12 +10,12 @@ command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v vmagent >/dev/null 2>&1 || need_apt+=(victoria-metrics)
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)  # the status page e2e test (headless)
-# gcc and the Python headers build the relay's native per-series core (relay/csrc, setup.py)
+# gcc and the Python headers build the relay's native per-series core (relay/native, setup.py)
 command -v gcc >/dev/null 2>&1 || need_apt+=(build-essential)
 PY=${PYTHON:-python3}
 py_include=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null || true)
 [ -n "$py_include" ] && [ -f "$py_include/Python.h" ] || need_apt+=(python3-dev)
-[ -f /usr/include/zlib.h ] || need_apt+=(zlib1g-dev)  # relay._csnappy's crc32 (python3-dev brings it too)
+[ -f /usr/include/zlib.h ] || need_apt+=(zlib1g-dev)  # relay.native._csnappy's crc32 (python3-dev brings it too)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -43,9 +43,9 @@ fi
 
 # The native core, built in place (so the checkout imports it); again whenever its sources change.
 native=.native-stamp
-want=$( { cat setup.py relay/csrc/* 2>/dev/null || true; } | sha1sum | cut -c1-12)
-if [ "$(cat "$native" 2>/dev/null)" != "$want" ] || { ls relay/csrc/*.c >/dev/null 2>&1 && ! ls relay/_*.so >/dev/null 2>&1; }; then
-  echo "setup: building the relay's native core (relay/csrc)"
+want=$( { cat setup.py relay/native/* 2>/dev/null || true; } | sha1sum | cut -c1-12)
+if [ "$(cat "$native" 2>/dev/null)" != "$want" ] || { ls relay/native/*.c >/dev/null 2>&1 && ! ls relay/native/_*.so >/dev/null 2>&1; }; then
+  echo "setup: building the relay's native core (relay/native)"
   if ! .venv/bin/python setup.py -q build_ext --inplace >.venv/build_ext.log 2>&1; then
     echo "setup: building the native core failed; its output:" >&2; tail -n 40 .venv/build_ext.log >&2; exit 1
   fi

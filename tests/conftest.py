@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -28,22 +27,3 @@ def _restore_logging() -> Iterator[None]:
     root.setLevel(level)
     for name, lvl in quiet.items():
         logging.getLogger(name).setLevel(lvl)
-
-
-@pytest.fixture
-def rigs() -> Iterator[list[Any]]:
-    """Sender rigs (tests.test_sender_faults.rig) made by a test: stopped and closed after it."""
-    made: list[Any] = []
-    yield made
-    for r in made:
-        r.sender.stop(timeout=2)
-        r.queue.close()
-
-
-@pytest.fixture
-def runtimes() -> Iterator[list[Any]]:
-    """Relay runtimes (relay.service.Runtime) made by a test: stopped after it."""
-    made: list[Any] = []
-    yield made
-    for r in made:
-        r.stop()

@@ -11,6 +11,11 @@ from pathlib import Path
 
 import pytest
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
+"""The checkout's top folder."""
+TEST_DATA = REPO_ROOT / "tests" / "data"
+"""Fixtures the tests share (configs, recorded charts, relabel tables)."""
+
 
 def require_binary(name: str) -> str:
     """Path of a binary the test needs. Missing: skip locally, but fail when CI is set."""

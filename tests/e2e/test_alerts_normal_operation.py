@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.deploy_render import alert_rules, promtool_test
+from tests.deploy.render import alert_rules, promtool_test
 from tests.e2e.procs import running, start_exporter, start_relay
 from tests.helpers import wait_until
 from tests.rw_receiver import recording_receiver

@@ -10,8 +10,8 @@ import pytest
 
 from exporter.simulated import SimulatedBackend
 from tests.e2e.procs import VENV_BIN, Proc, running
+from tests.exporter.podresources_server import FakeKubelet, pod
 from tests.helpers import free_port, wait_until
-from tests.podresources_server import FakeKubelet, pod
 
 pytestmark = pytest.mark.e2e
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import snappy
 
-from relay import wire
+from relay.ingest import wire
 from tests.e2e.procs import prom_query, prom_series, running, start_exporter, start_prometheus, start_relay
 from tests.helpers import free_port, wait_until
 from tests.rw_receiver import recording_receiver

@@ -20,12 +20,13 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from bench.receivers import VictoriaMetrics
-from relay import queue_codec, sigv4
-from relay.metrics import RelayMetrics
-from relay.queue import DurableQueue
-from relay.sender import Sender, SenderSettings
-from relay.transport import HttpTransport, Response
-from relay.wire import encode_write_request
+from relay.common.metrics import RelayMetrics
+from relay.delivery import sigv4
+from relay.delivery.queue import codec as queue_codec
+from relay.delivery.queue.durable import DurableQueue
+from relay.delivery.sender import Sender, SenderSettings
+from relay.delivery.transport import HttpTransport, Response
+from relay.ingest.wire import encode_write_request
 from tests.e2e.procs import prom_query, running, start_prometheus
 from tests.helpers import isolate_aws, require_binary, wait_until
 from tests.sigv4_receiver import SigV4Receiver

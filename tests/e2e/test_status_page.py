@@ -16,8 +16,8 @@ from pathlib import Path
 
 from tests.e2e.procs import running, start_relay
 from tests.helpers import require_binary, wait_until
-from tests.test_service import S, _http_metric, _http_post, now_ms, receiver
-from tests.test_statuspage import Values
+from tests.relay.control.test_service import S, _http_metric, _http_post, now_ms, receiver
+from tests.relay.control.test_statuspage import Values
 
 AMP = "https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-demo/api/v1/remote_write"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

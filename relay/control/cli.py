@@ -1,0 +1,415 @@
+"""``gpu-relay``: run the relay, check a config, try its rules on series, show a cardinality report.
+
+``test-rules`` reads series one per line, in the text form ``name{a="1",b="2"}`` (also
+``{__name__="x",...}``, quoted UTF-8 names, and exposition lines with a trailing value and
+timestamp, so ``curl :9400/metrics | gpu-relay test-rules ...`` works) or, with ``--format json``,
+one JSON object of labels per line. Blank and ``#`` lines are echoed so output lines up with input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TextIO, cast
+
+from relay import __version__
+from relay.common.labels import METRIC_NAME, Labels, canonical, make
+from relay.config import promimport
+from relay.config.config import Config, ConfigError, load_config, parse_config
+from relay.control.explain import Explainer, Outcome
+from relay.control.preflight import MachineProbe
+from relay.state.ruleset import NO_METRIC_NAME, UnknownDestinationError
+from telemetry_common import logs
+from telemetry_common.logs import LOG_FORMATS
+
+_NAME_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_:")
+_NAME_CHARS = _NAME_START | frozenset("0123456789")
+_LABEL_START = _NAME_START - {":"}
+_LABEL_CHARS = _NAME_CHARS - {":"}
+LOG_FORMAT_ENV = "GPU_RELAY_LOG_FORMAT"
+_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
+
+
+class SeriesSyntaxError(ValueError):
+    """A series line that cannot be parsed; ``column`` is 1-based."""
+
+    def __init__(self, message: str, column: int) -> None:
+        super().__init__(f"{message} (column {column})")
+        self.message = message
+        self.column = column
+
+
+def parse_series(text: str) -> Labels:
+    """``name{a="1"}``, ``{__name__="name",a="1"}`` or ``{"utf8.name",a="1"}`` -> sorted labels.
+
+    A trailing sample value and timestamp (an exposition line) are accepted and ignored; empty
+    label values are dropped, as Prometheus does."""
+    p = _Cursor(text)
+    name = p.word(_NAME_START, _NAME_CHARS)
+    pairs: list[tuple[str, str]] = []
+    p.space()
+    if p.peek() == "{":
+        p.pos += 1
+        while True:
+            p.space()
+            if p.take("}"):
+                break
+            at = p.pos
+            if p.peek() == '"':
+                label = p.quoted()
+                p.space()
+                if p.peek() in (",", "}"):  # a bare quoted string is the metric name
+                    if name:
+                        raise SeriesSyntaxError("metric name given twice", at + 1)
+                    name = label
+                    p.take(",")
+                    continue
+            else:
+                label = p.word(_LABEL_START, _LABEL_CHARS)
+                if not label:
+                    raise SeriesSyntaxError("expected a label name", at + 1)
+            p.space()
+            p.expect("=")
+            p.space()
+            value = p.quoted()
+            if label in (n for n, _ in pairs) or (label == METRIC_NAME and name):
+                raise SeriesSyntaxError(f'label "{label}" given twice', at + 1)
+            pairs.append((label, value))
+            p.space()
+            if not p.take(","):
+                p.expect("}")
+                break
+    elif not name:
+        raise SeriesSyntaxError("expected a metric name or '{'", p.pos + 1)
+    _check_sample(text, p.pos)
+    if name:
+        pairs.append((METRIC_NAME, name))
+    return make(pairs)
+
+
+def _check_sample(text: str, pos: int) -> None:
+    """What follows the labels may only be an exposition sample: a value and an optional timestamp."""
+    rest = text[pos:].split()
+    try:
+        if len(rest) > 2:
+            raise ValueError
+        for token, kind in zip(rest, (float, int), strict=False):
+            kind(token)
+    except ValueError:
+        raise SeriesSyntaxError("unexpected text after the series", pos + 1) from None
+
+
+class _Cursor:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.pos = 0
+
+    def peek(self) -> str:
+        return self.text[self.pos] if self.pos < len(self.text) else ""
+
+    def space(self) -> None:
+        while self.text.startswith((" ", "\t"), self.pos):
+            self.pos += 1
+
+    def take(self, c: str) -> bool:
+        if self.peek() == c:
+            self.pos += 1
+            return True
+        return False
+
+    def expect(self, c: str) -> None:
+        if not self.take(c):
+            got = repr(self.peek()) if self.peek() else "end of line"
+            raise SeriesSyntaxError(f"expected '{c}', got {got}", self.pos + 1)
+
+    def word(self, start: frozenset[str], chars: frozenset[str]) -> str:
+        begin = self.pos
+        if self.peek() and self.peek() in start:
+            while self.peek() and self.peek() in chars:
+                self.pos += 1
+        return self.text[begin : self.pos]
+
+    def quoted(self) -> str:
+        self.expect('"')
+        out: list[str] = []
+        while True:
+            c = self.peek()
+            if not c:
+                raise SeriesSyntaxError("unterminated string", self.pos + 1)
+            self.pos += 1
+            if c == '"':
+                return "".join(out)
+            if c == "\\":
+                nxt = self.peek()
+                if nxt not in _ESCAPES:
+                    raise SeriesSyntaxError(r"unknown escape (use \\, \" or \n)", self.pos)
+                out.append(_ESCAPES[nxt])
+                self.pos += 1
+            else:
+                out.append(c)
+
+
+def parse_json_series(text: str) -> Labels:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SeriesSyntaxError(f"invalid JSON: {e.msg}", e.colno) from None
+    if not isinstance(obj, dict) or not all(isinstance(v, str) for v in obj.values()):
+        raise SeriesSyntaxError("expected a JSON object of string label values", 1)
+    return make(obj.items())
+
+
+def format_json(labels: Labels | None) -> str:
+    return "null" if labels is None else json.dumps(dict(labels), ensure_ascii=False)
+
+
+def explain(
+    explainer: Explainer, lines: Iterable[str], input_format: str, output_format: str, out: TextIO, err: TextIO
+) -> int:
+    """Print, line for line, what the destination gets from each series; 1 when a line was malformed.
+
+    Text: the series as sent, ``DROPPED by <rule>``, ``DROPPED: no metric name`` or ``AGGREGATED by
+    <rule> into: <series>, ...``. JSON: an object, ``null`` (dropped) or a list (the aggregate
+    outputs). A malformed line prints ``ERROR: <reason>`` in its place (and on stderr)."""
+    parse = parse_json_series if input_format == "json" else parse_series
+    status = 0
+    for number, raw in enumerate(lines, 1):
+        line = raw.rstrip("\r\n")
+        if not line.strip() or line.lstrip().startswith("#"):
+            out.write(line + "\n")
+            continue
+        try:
+            labels = parse(line)
+        except SeriesSyntaxError as e:
+            err.write(f"<stdin>:{number}: {e}\n")
+            out.write(f"ERROR: {e}\n")
+            status = 1
+            continue
+        out.write(_render(explainer.explain(labels), output_format) + "\n")
+    return status
+
+
+def _render(o: Outcome, output_format: str) -> str:
+    if output_format == "json":
+        if o.aggregated_by is not None:
+            return json.dumps([dict(s) for s in o.aggregated_into], ensure_ascii=False)
+        return format_json(o.sent)
+    if o.sent is not None:
+        return canonical(o.sent)
+    if o.aggregated_by is not None:
+        return f"AGGREGATED by {o.aggregated_by} into: " + ", ".join(canonical(s) for s in o.aggregated_into)
+    if o.dropped_by == NO_METRIC_NAME:
+        return f"DROPPED: {NO_METRIC_NAME}"
+    return f"DROPPED by {o.dropped_by}"
+
+
+def summary(config: Config) -> str:
+    """The one-line OK of check-config."""
+    dests = config.destinations
+    rules = sum(len(d.write_relabel_configs) for d in dests)
+    aggregates = sum(len(d.aggregate) for d in dests)
+    return (
+        f"{config.source}: OK: {_n(len(dests), 'destination')} ({', '.join(d.name for d in dests)}); "
+        f"{_n(len(config.global_relabel), 'global relabel rule')}, {_n(rules, 'write_relabel rule')}, "
+        f"{_n(aggregates, 'aggregate rule')}; {_n(len(config.scrape), 'scrape job')}"
+    )
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _load(path: str, probe: MachineProbe | None = None) -> Config | None:
+    try:
+        return load_config(path, probe=probe)
+    except ConfigError as e:
+        for issue in e.errors:
+            print(issue, file=sys.stderr)
+        return None
+
+
+def _cmd_check_config(args: argparse.Namespace) -> int:
+    config = _load(args.config, MachineProbe())
+    if config is None:
+        return 1
+    for warning in config.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(summary(config))
+    return 0
+
+
+def _cmd_test_rules(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    if config is None:
+        return 1
+    try:
+        explainer = Explainer(config, args.destination if args.destination is not None else 0)
+    except UnknownDestinationError as e:
+        print(f"gpu-relay test-rules: {e}", file=sys.stderr)
+        return 2
+    input_format = args.input_format or args.format or "text"
+    output_format = args.output_format or args.format or "text"
+    return explain(explainer, sys.stdin, input_format, output_format, sys.stdout, sys.stderr)
+
+
+def _cmd_import_prometheus(args: argparse.Namespace) -> int:
+    try:
+        imported = promimport.import_prometheus(args.prometheus_config, args.relay_url, args.storage_path)
+    except promimport.ImportError_ as e:
+        print(f"gpu-relay import-prometheus: {e}", file=sys.stderr)
+        return 1
+    for note in imported.skipped:
+        print(f"gpu-relay import-prometheus: {note}", file=sys.stderr)
+    if imported.credentials:
+        print(f"gpu-relay import-prometheus: credentials copied in clear from {args.prometheus_config}: "
+              f"{', '.join(imported.credentials)}: keep the relay config in a Secret, or write them as ${{VAR}}",
+              file=sys.stderr)  # fmt: skip
+    names = promimport.variables(imported.relay_config)
+    if names:
+        print(f"gpu-relay import-prometheus: the relay config uses environment variables {', '.join(names)}: "
+              "set them where the relay runs", file=sys.stderr)  # fmt: skip
+    env = {**os.environ, **{n: "x" for n in names if n not in os.environ}}
+    try:  # what check-config will say about it: errors fail the import, warnings are shown
+        config = parse_config(imported.relay_config, args.output or "relay.yaml", env=env)
+    except ConfigError as e:
+        for issue in e.errors:
+            print(issue, file=sys.stderr)
+        return 1
+    for warning in config.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if args.output:
+        Path(args.output).write_text(imported.relay_config, encoding="utf-8")
+        print(imported.prometheus_entry, end="")
+    else:
+        print(imported.relay_config + "---\n" + imported.prometheus_entry, end="")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    daemon = importlib.import_module("relay.control.daemon")
+    run = cast(Callable[..., int], daemon.run)
+    return run(args.config, enable_lifecycle=args.enable_lifecycle, watch_interval_s=args.watch_interval)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    report = importlib.import_module("relay.control.report")
+    fetch_and_render = cast(Callable[[str, str | None, int], str], report.fetch_and_render)
+    try:
+        text = fetch_and_render(args.url, args.destination, args.limit)
+    except OSError as e:  # urllib's URLError and HTTPError too
+        print(f"gpu-relay report: cannot get the report from {args.url}: {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:
+        print(f"gpu-relay report: {e}", file=sys.stderr)
+        return 1
+    print(text)
+    return 0
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value:g}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--version", action="version", version=f"gpu-relay {__version__}")
+    levels = ("debug", "info", "warning", "error")
+    common.add_argument("--log-level", choices=levels, default=argparse.SUPPRESS, help="default: info")
+    common.add_argument("--log-format", choices=LOG_FORMATS, default=argparse.SUPPRESS,
+                        help="text, json or logfmt (default: $GPU_RELAY_LOG_FORMAT, else text)")
+    parser = argparse.ArgumentParser(
+        prog="gpu-relay",
+        description="Prometheus remote-write relay: rules, cardinality limits, durable queues, SigV4.",
+        parents=[common],
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("run", parents=[common], help="run the relay service")
+    p.add_argument("--config", required=True, help="relay.yaml")
+    p.add_argument("--web.enable-lifecycle", dest="enable_lifecycle", action="store_true",
+                   help="serve POST /-/reload (like Prometheus; also server.enable_lifecycle); SIGHUP always works")
+    p.add_argument("--config.watch-interval", dest="watch_interval", type=_seconds, default=3.0,
+                   help="seconds between checks of the config file for changes, 0: off (default: %(default)s)")
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser(
+        "check-config", parents=[common], help="validate a config; print every error with its line"
+    )
+    p.add_argument("config", help="relay.yaml")
+    p.set_defaults(func=_cmd_check_config)
+
+    p = sub.add_parser(
+        "test-rules",
+        parents=[common],
+        help="print what a destination would be sent for series read on stdin",
+        description="Reads series on stdin, one per line, and prints on the same line what the destination "
+        "would be sent after external_labels, global relabel, write_relabel_configs and prune_labels, or which "
+        "rule DROPPED it, or the aggregate output series it feeds; a malformed line prints ERROR: <reason>.",
+    )
+    p.add_argument("--config", required=True, help="relay.yaml")
+    p.add_argument("--destination", help="destination name (default: the first)")
+    formats = ("text", "json")
+    p.add_argument("--input-format", choices=formats, help="series on stdin (default: text)")
+    p.add_argument("--output-format", choices=formats, help="what is printed (default: text)")
+    p.add_argument("--format", choices=formats, help="sets both --input-format and --output-format")
+    p.set_defaults(func=_cmd_test_rules)
+
+    p = sub.add_parser(
+        "import-prometheus",
+        parents=[common],
+        help="relay config from a prometheus.yml's remote_write, and the entry that points Prometheus at the relay",
+        description="Prints a relay config built from the file's remote_write and global.external_labels, then "
+        "(after a --- line) the one remote_write entry to put back into prometheus.yml in place of its own.",
+    )
+    p.add_argument("prometheus_config", help="prometheus.yml")
+    p.add_argument("-o", "--output", help="write the relay config to this file; print only the Prometheus entry")
+    p.add_argument("--relay-url", default="http://127.0.0.1:9201/api/v1/write", help="default: %(default)s")
+    p.add_argument("--storage-path", default="/var/lib/gpu-relay", help="storage.path (default: %(default)s)")
+    p.set_defaults(func=_cmd_import_prometheus)
+
+    p = sub.add_parser("report", parents=[common], help="cardinality report from a running relay")
+    p.add_argument("--url", default="http://127.0.0.1:9201",
+                   help="the relay's telemetry listener (default: %(default)s; where server.telemetry_listen "
+                   "is set, that address, e.g. http://127.0.0.1:9202 in the sidecar)")
+    p.add_argument("--destination", help="one destination (default: all)")
+    p.add_argument("--limit", type=_positive_int, default=10, help="top N rows (default: %(default)s)")
+    p.set_defaults(func=_cmd_report)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = getattr(args, "log_level", "info")
+    fmt = getattr(args, "log_format", None) or os.environ.get(LOG_FORMAT_ENV, "").strip() or "text"
+    try:
+        logs.configure(fmt, level)
+    except ValueError as e:
+        parser.error(f"{LOG_FORMAT_ENV}: {e}")
+    try:
+        return int(args.func(args))
+    except BrokenPipeError:  # `gpu-relay test-rules ... | head`: quiet, as the Python docs advise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

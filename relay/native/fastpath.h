@@ -1,0 +1,79 @@
+/* The C-level interfaces between the relay's extensions for the cache-hit fast path (issue 9).
+ *
+ * relay.native._cstage's route_hits() routes a whole request whose every series is in the decision cache
+ * without a Python object per series. It needs two things from the other modules, exported as
+ * PyCapsules (each module keeps its own code and data layout; this header is the contract):
+ *
+ * - relay.native._cwire "_parse_api" (fp_wire_api): pass 1 of its route loop, the request's items with
+ *   every entry checked as the reference checks it (the loop's own parse_request).
+ * - relay.native._cdcache "_table_api" (fp_table_api): look a key up by (pointer, length) in a
+ *   DecisionTable and get the packed entry, and the table's shared objects and label edits.
+ *
+ * A packed entry (relay/native/cdcache.c, "entry layout"): words [h0 h1 in_id in_ref] then per
+ * destination [id ref aux]. in_ref: the input's metric, or with bit FP_WHOLE the value stored whole.
+ * ref: low 2 bits the kind (FP_K_*), the rest the object (the metric for SENT, the shared drop tuple
+ * for SHARED, the stored tuple for TUPLE). aux (SENT): bit 0 the claim flag, bits 1-2 where the
+ * output label bytes come from (FP_LB_*), then per mode: OWN aux & ~7 is the bytes object; SHARED
+ * bits 3-10 index the shared objects; EDIT bits 3-7 the run's shared index + 1 (see edit()); KEY
+ * and SHARED bits 11-63 the external labels' position + 1 (0: none).
+ */
+#ifndef GPU_RELAY_FASTPATH_H
+#define GPU_RELAY_FASTPATH_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+#define FP_API_VERSION 2
+
+/* ---- relay.native._cwire: the request's items ------------------------------------------------------- */
+
+typedef struct {
+    Py_ssize_t start, key_end, end; /* metadata: [start, end) is the raw tag-wrapped entry */
+    Py_ssize_t ns, ne, nh;
+    int64_t oldest; /* 0 when none, as `oldest or 0` */
+    int8_t metadata;
+    int8_t guess; /* the reference remembers this series' shape for the next one */
+} fp_item;
+
+typedef struct {
+    fp_item *items;
+    Py_ssize_t len, cap;
+    fp_item small[64];
+} fp_items;
+
+typedef struct {
+    int version;
+    /* 1: every item in *it (call items_free after); 0: a shape the C loop does not take (hand the
+       request to the reference); -1: MemoryError (not set: the caller sets it) */
+    int (*parse)(const uint8_t *b, Py_ssize_t n, fp_items *it);
+    void (*items_free)(fp_items *it);
+} fp_wire_api;
+
+/* ---- relay.native._cdcache: the decision table ------------------------------------------------------- */
+
+enum { FP_K_NONE = 0, FP_K_SENT = 1, FP_K_SHARED = 2, FP_K_TUPLE = 3 };
+enum { FP_LB_KEY = 0, FP_LB_OWN = 1, FP_LB_SHARED = 2, FP_LB_EDIT = 3 };
+#define FP_WHOLE 1u
+#define FP_HDR 4 /* words before the destinations */
+
+typedef struct {
+    int version;
+    PyTypeObject *type; /* DecisionTable: callers check Py_TYPE against it */
+    /* the packed entry of key p[0:n], or NULL when absent; valid until the table changes */
+    const uint64_t *(*lookup)(PyObject *table, const uint8_t *p, size_t n);
+    /* lookup in two halves, so that a caller can hash a request's keys and prefetch their index
+       slots and entries before it reads them: the table's hash of p[0:n]; find(hash) is lookup */
+    void (*hash)(const uint8_t *p, size_t n, uint64_t h[2]);
+    const uint64_t *(*find)(PyObject *table, const uint64_t h[2]);
+    void (*prefetch)(PyObject *table, const uint64_t h[2], int entry); /* 0: the index slot, 1: the entry */
+    Py_ssize_t (*width)(PyObject *table); /* decisions per entry (0: none stored yet) */
+    PyObject *(*shared)(PyObject *table, int i); /* borrowed, NULL when there is no such object */
+    /* The output label bytes of an EDIT aux for key p[0:n] with the run (NULL: none): their length,
+       written to out when out is not NULL; -1 when the key does not split into label entries. */
+    Py_ssize_t (*edit)(const uint8_t *p, size_t n, uint64_t aux, const char *run, size_t run_len, uint8_t *out);
+    /* hash of two keys at once (the same function as hash, faster than two calls) */
+    void (*hash2)(const uint8_t *pa, size_t na, uint64_t ha[2], const uint8_t *pb, size_t nb, uint64_t hb[2]);
+} fp_table_api;
+
+#endif /* GPU_RELAY_FASTPATH_H */
