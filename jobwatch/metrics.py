@@ -41,6 +41,7 @@ FAMILIES: dict[str, tuple[str, str]] = {  # name -> (type, help), in the order t
     "gpu_job_progress_ratio": ("gauge", "Progress 0..1 (progressPercentage / 100)."),
     "gpu_job_progress_eta_seconds": ("gauge", "Estimated seconds remaining, as the trainer reports."),
     "gpu_job_progress_epoch": ("gauge", "Current epoch."),
+    "gpu_job_progress_finished": ("gauge", "1 when progress is 100 % or RHOAI's summary says complete."),
     "gpu_job_progress_last_report_timestamp_seconds": ("gauge", "Time of the latest progress report "
                                                                 "(RHOAI: the controller's poll)."),
     "gpu_job_progress_last_advance_timestamp_seconds": ("gauge", "When the step (or ratio) last increased, or a "
@@ -133,6 +134,7 @@ def render(state: State, health: HealthSnapshot, now: float) -> bytes:
                                 ("gpu_job_step_duration_seconds", t.step_duration_seconds)):
                 if value is not None:
                     put(name, jl, value)
+            put("gpu_job_progress_finished", jl, 1 if job.observed.finished else 0)
             put("gpu_job_longest_recovered_pause_seconds", jl, t.longest_recovered_pause_seconds)
             put("gpu_job_stall_threshold_seconds", jl, t.threshold_seconds(now, state.stall_override(pods, tj)))
             put("gpu_job_progress_resets_total", jl, t.resets_total)

@@ -71,10 +71,10 @@ class Running:
             self.app.renderer.render_now()
         return parse(self.scrape_text())
 
-    def value(self, name: str, **labels: str) -> float | None:
-        """The one sample of ``name`` whose labels include ``labels`` (None when there is none)."""
-        found = [v for ls, v in self.scrape().get(name, {}).items() if set(labels.items()) <= ls]
-        assert len(found) <= 1, f"{name}{labels}: {len(found)} samples"
+    def value(self, metric: str, /, **labels: str) -> float | None:
+        """The one sample of ``metric`` whose labels include ``labels`` (None when there is none)."""
+        found = [v for ls, v in self.scrape().get(metric, {}).items() if set(labels.items()) <= ls]
+        assert len(found) <= 1, f"{metric}{labels}: {len(found)} samples"
         return found[0] if found else None
 
     def wait_for(self, check: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
@@ -85,8 +85,8 @@ class Running:
             time.sleep(0.05)
         raise AssertionError(f"timed out waiting for {what or check}")
 
-    def wait_value(self, name: str, want: float | None, timeout: float = 20.0, **labels: str) -> None:
-        self.wait_for(lambda: self.value(name, **labels) == want, timeout, f"{name}{labels} == {want}")
+    def wait_value(self, metric: str, want: float | None, /, timeout: float = 20.0, **labels: str) -> None:
+        self.wait_for(lambda: self.value(metric, **labels) == want, timeout, f"{metric}{labels} == {want}")
 
 
 @contextlib.contextmanager
