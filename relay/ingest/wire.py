@@ -1,10 +1,11 @@
-"""Remote-write codecs and the per-series hot loop.
+"""Remote-write request bodies (content type, snappy) and the per-series hot loop.
 
 RW 1.0 requests are never decoded whole: ``route`` walks the WriteRequest bytes by hand, keys a
 cache on each series' raw label bytes (its field-1 Label entries exactly as on the wire) and copies
 kept series through as bytes, so a series seen before costs one dict lookup. Sample values are never
 turned into floats on the way through, so stale markers (NaN 0x7ff0000000000002) stay byte-exact.
-RW 2.0 is transcoded to RW 1.0 bytes first (``relay.wire_v2``). ``route_loop`` and ``series_id`` are
+RW 2.0 is transcoded to RW 1.0 bytes first (``relay.ingest.wire_v2``); single entries are built and
+read by ``relay.ingest.wire_codec`` (its names are importable from here too). ``route_loop`` and ``series_id`` are
 the C twins (relay/native/cwire.c) when built, else the Python reference here. Field numbers:
 /work/shared/reference/remote-write-and-relays.md section 1 (prompb/remote.proto, types.proto).
 """
@@ -12,43 +13,37 @@ the C twins (relay/native/cwire.c) when built, else the Python reference here. F
 from __future__ import annotations
 
 import hashlib
-import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import snappy
 
 from relay import native
-from relay.common.labels import Labels
-from relay.common.protowire import (
-    MAX_FIELD_NUMBER,
-    WireError,
-    encode_int64,
-    encode_uvarint,
-    fields,
-    int64,
-    malformed,
-    read_len,
-    skip_value,
-    uvarint,
+from relay.common.protowire import MAX_FIELD_NUMBER, WireError, int64, malformed, read_len, skip_value, uvarint
+from relay.ingest.wire_codec import (
+    LEN_PREFIX,
+    decode_labels,
+    decode_samples,
+    decode_write_request,
+    encode_label_pair,
+    encode_labels,
+    encode_sample,
+    encode_write_request,
+    split_series,
+    wrap_series,
 )
 from relay.ingest.wire_entries import check_exemplar, check_metadata, histogram_timestamp, sample_timestamp
 from relay.ingest.wire_v2 import V2Counts, v2_to_v1
 
 __all__ = [
-    "Decision", "DestDecision", "Routed", "RoutedEntry", "V2Counts", "WireError", "compress",
-    "decode_labels", "decode_samples", "decode_write_request", "decompress", "encode_labels",
-    "encode_routed", "encode_write_request", "parse_content_type", "route", "series_id",
-    "snappy_uncompressed_length", "v2_to_v1", "wrap_series"
+    "LEN_PREFIX", "Decision", "DestDecision", "Routed", "RoutedEntry", "V2Counts", "WireError", "compress",
+    "decode_labels", "decode_samples", "decode_write_request", "decompress", "encode_label_pair", "encode_labels",
+    "encode_routed", "encode_sample", "encode_write_request", "parse_content_type", "route", "series_id",
+    "snappy_uncompressed_length", "uvarint", "v2_to_v1", "wrap_series"
 ]
 
 _V1_PROTO = "prometheus.writerequest"
 _V2_PROTO = "io.prometheus.write.v2.request"
-_DOUBLE = struct.Struct("<d")
-_ZERO8 = bytes(8)
-_U1 = [bytes((i,)) for i in range(128)]  # one-byte varints, the common case for lengths
-# Varint length prefixes up to 16 KiB, precomputed: a series entry's prefix is one list lookup.
-LEN_PREFIX: list[bytes] = [encode_uvarint(i) for i in range(1 << 14)]
 _csnappy = native.load("csnappy")
 
 
@@ -114,156 +109,6 @@ def compress(raw: bytes) -> bytes:
     return bytes(snappy.compress(raw))
 
 
-# ---- labels and samples ----------------------------------------------------------------------
-
-
-def _text(raw: bytes, what: str) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise WireError(400, f"invalid UTF-8 in {what}") from None
-
-
-def _short(text: str) -> str:
-    return repr(text if len(text) <= 80 else text[:77] + "...")
-
-
-def decode_labels(label_key: bytes) -> Labels:
-    """Labels of a series from its field-1 Label entries: validated, sorted, empty values removed."""
-    names: set[str] = set()
-    out: list[tuple[str, str]] = []
-    for number, wire_type, _, start, end in fields(label_key, 0, len(label_key)):
-        if number != 1 or wire_type != 2:
-            raise malformed(f"field {number} in a label set")
-        name_raw = value_raw = b""
-        for n2, wt2, _, s2, e2 in fields(label_key, start, end):
-            if n2 in (1, 2) and wt2 != 2:
-                raise malformed(f"Label field {n2} with wire type {wt2}")
-            if n2 == 1:
-                name_raw = label_key[s2:e2]
-            elif n2 == 2:
-                value_raw = label_key[s2:e2]
-        name = _text(name_raw, "a label name")
-        if not name:
-            raise WireError(400, "empty label name")
-        value = _text(value_raw, f"the value of label {_short(name)}")
-        if name in names:
-            raise WireError(400, f"duplicate label name {_short(name)}")
-        names.add(name)
-        if value:
-            out.append((name, value))
-    out.sort()
-    return tuple(out)
-
-
-def _len_prefix(n: int) -> bytes:
-    return LEN_PREFIX[n] if n < 0x4000 else encode_uvarint(n)
-
-
-def encode_label_pair(name: bytes, value: bytes) -> bytes:
-    """One field-1 Label entry as protobuf serialises it (empty strings omitted)."""
-    inner = b""
-    if name:
-        inner = b"\x0a" + _len_prefix(len(name)) + name
-    if value:
-        inner += b"\x12" + _len_prefix(len(value)) + value
-    return b"\x0a" + _len_prefix(len(inner)) + inner
-
-
-def encode_labels(labels: Labels) -> bytes:
-    """Concatenated field-1 Label entries, in the order given (pass sorted labels)."""
-    return b"".join([encode_label_pair(n.encode(), v.encode()) for n, v in labels])
-
-
-def wrap_series(label_bytes: bytes, rest: bytes) -> bytes:
-    """One WriteRequest field-1 entry: tag, length, TimeSeries (labels then samples etc.)."""
-    return b"\x0a" + _len_prefix(len(label_bytes) + len(rest)) + label_bytes + rest
-
-
-def encode_sample(timestamp_ms: int, value: float) -> bytes:
-    """One TimeSeries field-2 Sample entry; the value's bit pattern is kept as given."""
-    bits = _DOUBLE.pack(value)
-    inner = b"" if bits == _ZERO8 else b"\x09" + bits
-    if timestamp_ms:
-        inner += b"\x10" + encode_int64(timestamp_ms)
-    return b"\x12" + _len_prefix(len(inner)) + inner
-
-
-def decode_samples(rest: bytes) -> list[tuple[int, float]]:
-    """(timestamp ms, value) of every field-2 Sample entry in ``rest``; other fields are skipped."""
-    out: list[tuple[int, float]] = []
-    for number, wire_type, _, start, end in fields(rest, 0, len(rest)):
-        if number != 2 or wire_type != 2:
-            continue
-        value, ts = 0.0, 0
-        for n2, wt2, _, s2, _e2 in fields(rest, start, end):
-            if n2 == 1 and wt2 == 1:
-                value = _DOUBLE.unpack_from(rest, s2)[0]
-            elif n2 == 2 and wt2 == 0:
-                ts = int64(uvarint(rest, s2)[0])
-        out.append((ts, value))
-    return out
-
-
-# ---- whole requests (tests and tools) --------------------------------------------------------
-
-
-def _split_series(buf: bytes, start: int, end: int) -> tuple[bytes, bytes, int, int, int, int]:
-    """General TimeSeries split, any field order, every entry validated:
-    (label key, rest, samples, exemplars, histograms, oldest sample or histogram timestamp or 0).
-
-    Unknown fields stay in ``rest`` so they reach the destination unchanged.
-    """
-    key: list[bytes] = []
-    rest: list[bytes] = []
-    ns = ne = nh = 0
-    oldest: int | None = None
-    for number, wire_type, tag_start, s, stop in fields(buf, start, end):
-        if number in (1, 2, 3, 4) and wire_type != 2:
-            raise malformed(f"TimeSeries field {number} with wire type {wire_type}")
-        if number == 1:
-            key.append(buf[tag_start:stop])
-            continue
-        rest.append(buf[tag_start:stop])
-        if number == 3:
-            ne += 1
-            check_exemplar(buf, s, stop)
-            continue
-        if number == 2:
-            ns += 1
-            ts = sample_timestamp(buf, s, stop)
-        elif number == 4:
-            nh += 1
-            ts = histogram_timestamp(buf, s, stop)
-        else:
-            continue
-        if oldest is None or ts < oldest:
-            oldest = ts
-    return b"".join(key), b"".join(rest), ns, ne, nh, oldest or 0
-
-
-def decode_write_request(raw: bytes) -> list[tuple[Labels, list[tuple[int, float]]]]:
-    """Every series of an RW1 WriteRequest with its samples (histograms and exemplars ignored)."""
-    out: list[tuple[Labels, list[tuple[int, float]]]] = []
-    for number, wire_type, _, start, end in fields(raw, 0, len(raw)):
-        if number == 1 and wire_type == 2:
-            key, rest, *_ = _split_series(raw, start, end)
-            out.append((decode_labels(key), decode_samples(rest)))
-    return out
-
-
-def encode_write_request(
-    series: Iterable[tuple[Labels, Sequence[tuple[int, float]]]], metadata: bytes = b""
-) -> bytes:
-    """RW1 WriteRequest bytes; ``metadata`` is raw, already tag-wrapped field-3 entries."""
-    parts = [
-        wrap_series(encode_labels(labels), b"".join([encode_sample(ts, v) for ts, v in samples]))
-        for labels, samples in series
-    ]
-    parts.append(metadata)
-    return b"".join(parts)
-
-
 # ---- the hot loop ----------------------------------------------------------------------------
 
 DestDecision = tuple[bytes, int, str]  # (output label bytes, series_id of them, metric name)
@@ -321,7 +166,7 @@ def _route_loop(
     Fast path: a TimeSeries whose Label entries come first and whose remaining fields are 2-4, each
     validated (a Sample of the usual shape, value then timestamp, by its bytes; others by
     ``relay.wire_entries``). Anything else (other field order, unknown fields) goes through
-    ``_split_series``. Faster still: a cached series with one Sample of the same shape and timestamp
+    ``split_series``. Faster still: a cached series with one Sample of the same shape and timestamp
     bytes as the previous series' one (``head``, ``tail``: a scrape's series share a timestamp).
     """
     n = len(buf)
@@ -417,7 +262,7 @@ def _route_loop(
             else:
                 glen = 0
         else:
-            key, rest, ns, ne, nh, oldest = _split_series(buf, start, end)
+            key, rest, ns, ne, nh, oldest = split_series(buf, start, end)
         series += 1
         samples += ns
         exemplars += ne
