@@ -25,7 +25,7 @@ from prometheus_client.exposition import choose_encoder
 from relay.common.metrics import RelayMetrics
 from relay.common.ratelog import RateLimitedLog
 from relay.config.config import Config, ConfigError, load_config
-from relay.control import shardplan
+from relay.control import shardplan, views
 from relay.control.destinations import (
     Destination,
     Generation,
@@ -40,7 +40,7 @@ from relay.delivery.queue.durable import QueueError, RequestTooLargeError, Stora
 from relay.delivery.transport import HttpTransport, Transport
 from relay.ingest import wire
 from relay.ingest.scrape import Scraper, ScrapeTarget
-from relay.ingest.server import Reply, json_reply
+from relay.ingest.server import Reply
 from relay.state.cardinality import CardinalityMetrics
 from relay.state.pipeline import Pipeline
 
@@ -303,39 +303,13 @@ class Runtime:
         return [d.name for d in self.config.destinations]
 
     def cardinality(self, query: Mapping[str, list[str]]) -> Reply:
-        names = self.names()
-        try:
-            limit = int((query.get("limit") or ["10"])[0])
-        except ValueError:
-            return json_reply(400, {"status": "error", "error": "limit must be an integer"})
-        if limit < 1:
-            return json_reply(400, {"status": "error", "error": "limit must be a positive integer"})
-        if not names:
-            return json_reply(404, {"status": "error", "error": "no destinations configured", "destinations": []})
-        name = (query.get("destination") or [names[0]])[0]
-        try:
-            snap = self.overview(name, limit)
-        except KeyError:
-            return json_reply(
-                404, {"status": "error", "error": f"unknown destination {name!r}", "destinations": names}
-            )
-        snap["all_destinations"] = names
-        return json_reply(200, snap)
+        return views.cardinality_reply(self.names(), self.overview, query)
 
     def status_page(self, query: Mapping[str, list[str]]) -> Reply:
-        from relay.control.statuspage import render_status_page
-
-        overviews = []
-        for name in self.names():
-            try:
-                overviews.append(self.overview(name, 10))
-            except KeyError:  # removed by a reload just now
-                continue
         samples_in = self.registry.get_sample_value("gpu_relay_samples_received_total") or 0.0
         config_ok = self.registry.get_sample_value("gpu_relay_config_last_reload_successful") == 1.0
-        html = render_status_page(overviews, samples_in=samples_in, now=self.clock(), config_ok=config_ok,
-                                  write_listen=self.config.server.listen)
-        return Reply(200, html.encode(), "text/html; charset=utf-8")
+        return views.status_page_reply(self.names(), self.overview, samples_in=samples_in, now=self.clock(),
+                                       config_ok=config_ok, write_listen=self.config.server.listen)
 
     # -- reload ----------------------------------------------------------------------------------
     def reload(self) -> Reply:
