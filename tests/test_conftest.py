@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 
 def test_the_suite_profile_has_no_deadline_and_prints_the_blob() -> None:
-    assert settings.default.deadline is None
-    assert settings.default.print_blob is True
+    current = settings()  # what a test without its own settings runs under
+    assert current.deadline is None
+    assert current.print_blob is True
 
 
 def test_a_settings_decorator_without_a_deadline_inherits_none() -> None:
