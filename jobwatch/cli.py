@@ -43,8 +43,8 @@ class App:
     and short backoff; ``main`` with the defaults."""
 
     def __init__(self, settings: Settings, client: KubeClient, *, clock: Callable[[], float] = time.time,
-                 backoff: Backoff = DEFAULT_BACKOFF, watch_timeout: int = 300, render_interval: float = 5.0,
-                 render_min_gap: float = 0.5, page_size: int = 500) -> None:
+                 backoff: Backoff = DEFAULT_BACKOFF, watch_timeout: int = 300, render_interval: float = 10.0,
+                 render_min_gap: float = 2.0, page_size: int = 500) -> None:
         self.settings = settings
         self.client = client
         changed = threading.Event()

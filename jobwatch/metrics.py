@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterable
 from jobwatch import __version__
 from jobwatch.health import Health, HealthSnapshot
 from jobwatch.progress import select_metrics, select_nonfinite
-from jobwatch.state import CONDITIONS, State
+from jobwatch.state import CONDITIONS, PodRecord, State
+from jobwatch.workload import Workload
 
 log = logging.getLogger("jobwatch.metrics")
 
@@ -98,8 +99,24 @@ def _with(base: str, *pairs: tuple[str, str | None]) -> str:
     return base[:-1] + "," + extra[1:] if extra else base
 
 
-def render(state: State, health: HealthSnapshot, now: float) -> bytes:
+PodCache = dict[tuple[str, str], tuple[PodRecord, Workload, tuple[str, str, str | None]]]
+
+
+def _pod_lines(p: PodRecord, w: Workload) -> tuple[str, str, str | None]:
+    pl = labels(("namespace", p.namespace), ("pod", p.name), ("job_kind", w.kind), ("job_name", w.name),
+                ("rank", p.rank), ("Hostname", p.node))
+    term = None if p.terminated is None else f"gpu_pod_main_container_terminated{pl} {1 if p.terminated else 0}"
+    return f"gpu_pod_job_info{pl} 1", f"gpu_pod_gpus_requested{pl} {fmt(p.gpus)}", term
+
+
+def render(state: State, health: HealthSnapshot, now: float, cache: PodCache | None = None) -> bytes:
+    """The exposition. ``cache`` (kept by the caller between renders) holds each pod's lines, which
+    change only when the pod does: it is replaced in place by what this render used."""
     out: dict[str, list[str]] = {name: [] for name in FAMILIES}
+    old = cache if cache is not None else {}
+    fresh: PodCache = {}
+    info, requested, terminated = out["gpu_pod_job_info"], out["gpu_pod_gpus_requested"], \
+        out["gpu_pod_main_container_terminated"]
 
     def put(name: str, lab: str, value: float) -> None:
         out[name].append(f"{name}{lab} {fmt(value)}")
@@ -112,12 +129,15 @@ def render(state: State, health: HealthSnapshot, now: float) -> bytes:
             jl = labels(("namespace", w.namespace), ("job_kind", w.kind), ("job_name", w.name))
             for p in pods:
                 n_pods += 1
-                pl = labels(("namespace", p.namespace), ("pod", p.name), ("job_kind", w.kind), ("job_name", w.name),
-                            ("rank", p.rank), ("Hostname", p.node))
-                put("gpu_pod_job_info", pl, 1)
-                put("gpu_pod_gpus_requested", pl, p.gpus)
-                if p.terminated is not None:
-                    put("gpu_pod_main_container_terminated", pl, 1 if p.terminated else 0)
+                key = (p.namespace, p.name)
+                hit = old.get(key)
+                same = hit is not None and hit[0] is p and (hit[1] is w or hit[1] == w)
+                lines = hit[2] if same and hit is not None else _pod_lines(p, w)
+                fresh[key] = (p, w, lines)
+                info.append(lines[0])
+                requested.append(lines[1])
+                if lines[2] is not None:
+                    terminated.append(lines[2])
             put("gpu_job_exempt", jl, 1 if (tj is not None and tj.exempt) or any(p.exempt for p in pods) else 0)
             if tj is not None:
                 for c in CONDITIONS:
@@ -153,6 +173,9 @@ def render(state: State, health: HealthSnapshot, now: float) -> bytes:
                 continue
             put("gpu_node_price_usd_per_gpu_hour", labels(("Hostname", node.name), *node.labels), node.price)
         n_jobs = len(views)
+    if cache is not None:
+        cache.clear()
+        cache.update(fresh)
     put("gpu_jobwatch_build_info", labels(("version", __version__), ("python", platform.python_version())), 1)
     for res, up in sorted(health.watch_up.items()):
         put("gpu_jobwatch_watch_up", labels(("resource", res)), 1 if up else 0)
@@ -191,8 +214,8 @@ class Renderer:
     """Keeps the latest exposition. ``run`` re-renders when ``changed`` is set (at most once per
     ``min_gap`` seconds) and at least every ``interval`` seconds."""
 
-    def __init__(self, state: State, health: Health, changed: threading.Event, *, interval: float = 5.0,
-                 min_gap: float = 0.5, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, state: State, health: Health, changed: threading.Event, *, interval: float = 10.0,
+                 min_gap: float = 2.0, clock: Callable[[], float] | None = None) -> None:
         self.state = state
         self.health = health
         self.changed = changed
@@ -200,6 +223,7 @@ class Renderer:
         self.min_gap = min_gap
         self.clock = clock or state.clock
         self.body = b""
+        self._pods: PodCache = {}
         self.rendered_at = 0.0  # monotonic
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -207,7 +231,7 @@ class Renderer:
     def render_now(self) -> bytes:
         self.changed.clear()
         start = time.perf_counter()
-        body = render(self.state, self.health.snapshot(), self.clock())
+        body = render(self.state, self.health.snapshot(), self.clock(), self._pods)
         self.health.render_seconds = time.perf_counter() - start
         self.body = body
         self.rendered_at = time.monotonic()

@@ -20,7 +20,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from jobwatch import workload as wl
@@ -33,99 +32,27 @@ from jobwatch.progress import (
     parse_rhoai_annotation,
     parse_trainer_status,
 )
+from jobwatch.records import (
+    CONDITIONS,
+    NODE_LABELS,
+    JobRecord,
+    Key,
+    NodeRecord,
+    Obj,
+    PodRecord,
+    Sink,
+    TrainJobRecord,
+    is_gpu_node,
+    key_of,
+    pod_record,
+)
 from jobwatch.tracker import JobTracker
 from jobwatch.workload import Workload
 
+__all__ = ["CONDITIONS", "JobRecord", "NodeRecord", "PodRecord", "State", "TrainJobRecord", "pod_record"]
+
 log = logging.getLogger("jobwatch.state")
-
 RHOAI_ANNOTATION = "trainer.opendatahub.io/trainerStatus"
-CONDITIONS = ("Complete", "Failed", "Suspended")
-TERMINAL_PHASES = ("Succeeded", "Failed")
-NODE_LABELS = (("instance_type", ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")),
-               ("capacity_type", ("karpenter.sh/capacity-type", "eks.amazonaws.com/capacityType")),
-               ("gpu_product", ("nvidia.com/gpu.product",)))
-Obj = dict[str, Any]
-Key = tuple[str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class PodRecord:
-    namespace: str
-    name: str
-    workload: Workload  # resolved from the pod alone (a JobSet may turn out a TrainJob)
-    rank: str | None
-    node: str
-    gpus: float
-    terminated: bool | None
-    exempt: bool
-    stall_after: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class NodeRecord:
-    name: str
-    price: float | None
-    labels: tuple[tuple[str, str], ...]
-
-
-@dataclass
-class TrainJobRecord:
-    namespace: str
-    name: str
-    conditions: dict[str, bool] = field(default_factory=dict)
-    exempt: bool = False
-    stall_after: float | None = None
-    status_raw: str | None = None
-    annotation_raw: str | None = None
-    status_report: Report | None = None
-    annotation_report: Report | None = None
-
-
-@dataclass
-class JobRecord:
-    workload: Workload
-    tracker: JobTracker | None = None
-    observed: Report | None = None
-    ended_at: float | None = None
-    bad_logged: set[str] = field(default_factory=set)
-
-
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    m = obj.get("metadata")
-    return m if isinstance(m, Mapping) else {}
-
-
-def key_of(obj: Mapping[str, Any]) -> Key:
-    m = _meta(obj)
-    return (str(m.get("namespace") or ""), str(m.get("name") or ""))
-
-
-def pod_record(obj: Mapping[str, Any]) -> PodRecord | None:
-    """What is kept of a pod: None unless it requests GPUs and may still hold them."""
-    if not wl.is_gpu_pod(obj):
-        return None
-    status = obj.get("status") if isinstance(obj.get("status"), Mapping) else {}
-    assert isinstance(status, Mapping)
-    if status.get("phase") in TERMINAL_PHASES:
-        return None
-    spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
-    assert isinstance(spec, Mapping)
-    w, rank = wl.resolve(obj)
-    ns, name = key_of(obj)
-    return PodRecord(ns, name, w, rank, str(spec.get("nodeName") or ""), wl.gpus_requested(obj)[0],
-                     wl.main_container_terminated(obj), wl.exempt(obj), wl.stall_after_override(obj))
-
-
-def _is_gpu_node(obj: Mapping[str, Any]) -> bool:
-    status = obj.get("status") if isinstance(obj.get("status"), Mapping) else {}
-    assert isinstance(status, Mapping)
-    for section in ("capacity", "allocatable"):
-        res = status.get(section)
-        if isinstance(res, Mapping) and any(
-                isinstance(k, str) and (k == wl.GPU or k.startswith(wl.MIG_PREFIX)) and str(v) not in ("0", "")
-                for k, v in res.items()):
-            return True
-    return wl.labels_of(obj).get("nvidia.com/gpu.present") == "true"
 
 
 def _reason(exc: ProgressError) -> str:
@@ -152,10 +79,11 @@ class State:
         self.jobs: dict[Workload, JobRecord] = {}
         self._expired: set[Workload] = set()
         self._by_name: dict[Key, set[Key]] = {}  # (namespace, workload name) -> pod keys
+        self._groups: dict[Workload, dict[Key, PodRecord]] = {}  # workload (from the pod alone) -> its pods
         self._price_warned = False
-        self.pods_sink = _Sink(pod_record, self._put_pod, self._drop_pod, self._replace_pods).bind(self.lock)
-        self.nodes_sink = _Sink(self._node_record, self._put_node, self._drop_node, self._replace_nodes).bind(self.lock)
-        self.trainjobs_sink = _Sink(lambda o: o, self._put_trainjob, self._drop_trainjob,
+        self.pods_sink = Sink(pod_record, self._put_pod, self._drop_pod, self._replace_pods).bind(self.lock)
+        self.nodes_sink = Sink(self._node_record, self._put_node, self._drop_node, self._replace_nodes).bind(self.lock)
+        self.trainjobs_sink = Sink(lambda o: o, self._put_trainjob, self._drop_trainjob,
                                     self._replace_trainjobs).bind(self.lock)
 
     # -- pods -------------------------------------------------------------------------------------
@@ -177,9 +105,15 @@ class State:
         else:
             self.pods[key] = rec
             self._by_name.setdefault((rec.namespace, rec.workload.name), set()).add(key)
+            self._groups.setdefault(rec.workload, {})[key] = rec
         self.changed.set()
 
     def _unindex(self, key: Key, rec: PodRecord) -> None:
+        group = self._groups.get(rec.workload)
+        if group is not None:
+            group.pop(key, None)
+            if not group:
+                del self._groups[rec.workload]
         names = self._by_name.get((rec.namespace, rec.workload.name))
         if names is not None:
             names.discard(key)
@@ -199,7 +133,7 @@ class State:
     # -- nodes ------------------------------------------------------------------------------------
 
     def _node_record(self, obj: Obj) -> NodeRecord | None:
-        if not _is_gpu_node(obj):
+        if not is_gpu_node(obj):
             return None
         name = key_of(obj)[1]
         labels = wl.labels_of(obj)
@@ -368,8 +302,10 @@ class State:
         """Update which jobs have ended and drop those past retention; the pods of each workload."""
         with self.lock:
             by_w: dict[Workload, list[PodRecord]] = {}
-            for rec in self.pods.values():
-                by_w.setdefault(self.effective(rec), []).append(rec)
+            for w, group in self._groups.items():
+                if w.kind == "JobSet" and (w.namespace, w.name) in self.trainjobs:
+                    w = Workload(w.namespace, "TrainJob", w.name)
+                by_w.setdefault(w, []).extend(group.values())
             candidates = set(by_w) | set(self.jobs)
             candidates |= {Workload(ns, "TrainJob", n) for ns, n in self.trainjobs}
             for w in candidates:
@@ -406,33 +342,3 @@ class State:
         if tj is not None and tj.stall_after is not None:
             return tj.stall_after
         return next((p.stall_after for p in pods if p.stall_after is not None), self.stall_after)
-
-
-class _Sink:
-    """A watch's sink for one resource (see ``jobwatch.watch.Sink``), applying under the state lock."""
-
-    def __init__(self, convert: Callable[[Obj], Any], put: Callable[[Key, Any], None], drop: Callable[[Key], None],
-                 replace: Callable[[list[Any]], None]) -> None:
-        self.convert = convert
-        self._put, self._drop, self._replace = put, drop, replace
-        self.lock: threading.RLock | None = None
-
-    def bind(self, lock: threading.RLock) -> _Sink:
-        self.lock = lock
-        return self
-
-    def replace(self, items: list[Any]) -> None:
-        assert self.lock is not None
-        with self.lock:
-            self._replace(items)
-
-    def upsert(self, obj: Obj) -> None:
-        rec = self.convert(obj)
-        assert self.lock is not None
-        with self.lock:
-            self._put(key_of(obj), rec)
-
-    def delete(self, obj: Obj) -> None:
-        assert self.lock is not None
-        with self.lock:
-            self._drop(key_of(obj))
