@@ -1,5 +1,9 @@
 """Senders: drain a destination's durable queue, one thread per shard, with remote-write retries.
 
+Its parts: relay.delivery.batch (one batch's send-and-classify loop, SenderSettings, SendResult),
+relay.delivery.split (what a thread holds: too-old drops, bodies, 413 splits), this module (the
+shard threads, the drain barrier, pause/resume for a change of the shard count).
+
 Each shard is a FIFO read by exactly one thread, so per-series order holds (series are sharded by
 hash before the queue) and a slow shard does not hold up the others. A thread batches consecutive
 entries of its shard up to ``max_samples_per_send`` (concatenated RW1 payloads are one valid
@@ -50,14 +54,10 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-
-import snappy
 
 from relay.common.metrics import RelayMetrics
-from relay.common.protowire import WireError
 from relay.common.ratelog import RateLimitedLog
-from relay.delivery.queue import codec as queue_codec
+from relay.delivery.batch import SenderSettings, SendResult
 from relay.delivery.queue.durable import DurableQueue, Entry
 from relay.delivery.send_policy import (
     EXPIRED_MARKERS,
@@ -71,8 +71,8 @@ from relay.delivery.send_policy import (
     request_headers,
     written_count,
 )
-from relay.delivery.transport import CREDENTIALS_PREFIX, Response, Transport
-from relay.ingest import rwsplit
+from relay.delivery.split import ShippingSender
+from relay.delivery.transport import Transport
 
 __all__ = ["EXPIRED_MARKERS", "JITTER", "RESERVED_HEADERS", "SendResult", "Sender", "SenderSettings",
            "backoff_delay", "classify", "failure_reason", "first_line", "parse_retry_after",
@@ -84,31 +84,7 @@ _POLL = 0.2  # how often idle threads look at the stop flag and for new shards
 _MAX_ENTRIES = 1000  # entries in one batch at most
 
 
-@dataclass(frozen=True)
-class SenderSettings:
-    max_samples_per_send: int = 1000
-    batch_send_deadline: float = 5.0
-    min_backoff: float = 0.03
-    max_backoff: float = 5.0
-    max_sample_age: float = 3600.0
-    timeout: float = 30.0
-
-
-@dataclass(frozen=True, slots=True)
-class SendResult:
-    ok: bool
-    status: int  # last HTTP status, 0 for a network error
-    reason: str  # "sent", "partial", "http_<code>", "too_old", "too_large" (split me), "shutdown"
-    retried: int  # attempts after the first
-    dropped_samples: int  # samples given up on (0 when sent or interrupted)
-
-    @property
-    def final(self) -> bool:
-        """Sent or given up on: its entries can be acked (False: interrupted, or to be split)."""
-        return self.reason not in ("shutdown", "too_large")
-
-
-class Sender:
+class Sender(ShippingSender):
     """Ships one destination's queue. ``start`` is idempotent (safe to call after every reload).
 
     ``drain_first``: entries with an id up to this one were sharded under another shard count;
@@ -397,177 +373,3 @@ class Sender:
             if self.queue.closed:
                 return False
         return False
-
-    def _ship(self, entries: list[Entry]) -> None:
-        """Send entries (split to max_samples_per_send) and ack them once each part is sent or given
-        up on; too-old entries are dropped (and acked) without sending."""
-        s = self.settings
-        cutoff = self.clock() - s.max_sample_age
-        stale = [e for e in entries if e.oldest_time < cutoff]
-        fresh = [e for e in entries if e.oldest_time >= cutoff]
-        if stale:
-            self._fail(sum(e.samples for e in stale), 0, "too_old", 0)
-            self.queue.ack([e.id for e in stale])
-        if not fresh:
-            return
-        samples = sum(e.samples for e in fresh)
-        oldest = min(e.oldest_time for e in fresh)
-        try:
-            if samples <= s.max_samples_per_send:  # the rows as stored, under one snappy header
-                bodies = [(queue_codec.concat([(e.stored, e.raw_len) for e in fresh]), samples)]
-            else:  # a row too large for one request: decoded and split by series
-                parts = rwsplit.chunks(b"".join(e.payload for e in fresh), s.max_samples_per_send)
-                bodies = [(snappy.compress(part), n) for part, n in parts]
-        except (WireError, queue_codec.CodecError) as e:
-            self._log_failure("malformed", f"{self.name}: dropping {samples} queued samples that do "
-                              f"not parse as a WriteRequest: {e}")
-            self._fail(samples, 0, "malformed", 0)
-            self.queue.ack([e.id for e in fresh])
-            return
-        for body, n in bodies:
-            if not self._send_splitting(body, n, oldest).final:
-                return  # stopping: the entries stay queued (parts already sent are resent: harmless)
-        self.queue.ack([e.id for e in fresh])
-
-    def _send_splitting(self, body: bytes, samples: int, oldest: float) -> SendResult:
-        """send_batch of a snappy body; on a 413 send each half again, down to one series. Only then
-        is the body decoded and its halves computed (walking every series of every batch just in
-        case cost more than the rest of the send)."""
-        split: list[tuple[rwsplit.Unit, rwsplit.Unit] | None] = []
-
-        def can_split() -> bool:
-            try:
-                split.append(rwsplit.halves(bytes(snappy.uncompress(body))))
-            except WireError:
-                split.append(None)
-            return split[-1] is not None
-
-        result = self._send_batch(body, samples, oldest, can_split)
-        halves = split[-1] if split else None
-        if result.reason != "too_large" or halves is None:
-            return result
-        self._log_failure("http_413", f"{self.name}: HTTP 413 for {samples} samples; splitting the batch")
-        for half, n in halves:
-            r = self._send_splitting(snappy.compress(half), n, oldest)
-            if not r.final:
-                return r
-        return SendResult(True, 413, "split", result.retried, 0)
-
-    # -- one batch -------------------------------------------------------------------------------
-    def send_batch(self, body: bytes, samples: int, oldest: float, *, splittable: bool = False) -> SendResult:
-        """POST one snappy-compressed batch with retries; ``oldest`` is the unix time of its oldest
-        sample. ``splittable``: a 413 returns reason "too_large" (nothing counted) for the caller
-        to split."""
-        return self._send_batch(body, samples, oldest, lambda: splittable)
-
-    def _send_batch(self, body: bytes, samples: int, oldest: float, can_split: Callable[[], bool]) -> SendResult:
-        """send_batch; ``can_split()`` is asked only after a 413 (True: return "too_large")."""
-        s = self.settings
-        dest = self.name
-        deadline = oldest + s.max_sample_age
-        backoff = s.min_backoff
-        attempt = 0
-        refreshed = False
-        last_status = 0
-        while True:
-            if self.clock() > deadline:
-                self._log_failure("too_old", f"{dest}: dropping {samples} samples older than max_sample_age")
-                return self._fail(samples, last_status, "too_old", attempt)
-            resp = self._post(body, attempt)
-            if resp is None:
-                return SendResult(False, last_status, "shutdown", attempt, 0)
-            last_status = resp.status
-            kind = classify(resp.status, resp.body)
-            if kind == "ok":
-                return self._sent(resp, samples, attempt)
-            reason = failure_reason(resp.status, resp.body)
-            self.last_error = (self.clock(), f"HTTP {resp.status}: {first_line(resp.body)}"
-                               if resp.status else
-                               f"{reason} error: {first_line(resp.body.removeprefix(CREDENTIALS_PREFIX))}")
-            if resp.status == 413 and can_split():
-                return SendResult(False, 413, "too_large", attempt, 0)
-            if kind == "refresh" and not refreshed and self.auth_refresh is not None:
-                refreshed = True
-                self._log_failure("expired_token", f"{dest}: HTTP 403 expired token; refreshing credentials "
-                                  f"and retrying: {first_line(resp.body)}")
-                try:
-                    self.auth_refresh()
-                except Exception as e:
-                    self._log_failure("credentials", f"{dest}: credential refresh failed: {type(e).__name__}")
-                attempt += 1
-                self.metrics.samples_retried_total.labels(dest, "expired_token").inc(samples)
-                continue
-            if kind != "retry":
-                return self._rejected(resp, samples, attempt)
-            self._log_failure(reason, f"{dest}: {self.last_error[1]}; retrying")
-            delay = backoff_delay(backoff, s.max_backoff, self._rng.random())
-            retry_after = parse_retry_after(resp.headers.get("retry-after"), self.clock())
-            if retry_after is not None:
-                delay = max(delay, retry_after)
-            delay = min(delay, max(0.0, deadline - self.clock()) + 0.001)
-            if self._sleep(delay):
-                return SendResult(False, resp.status, "shutdown", attempt, 0)
-            backoff = min(backoff * 2, s.max_backoff)
-            attempt += 1
-            self.metrics.samples_retried_total.labels(dest, reason).inc(samples)
-
-    def _sent(self, resp: Response, samples: int, attempt: int) -> SendResult:
-        written = written_count(resp.headers)
-        ok = samples if written is None else min(samples, written)
-        with self._gate:
-            self._sent_samples += samples
-        self.metrics.samples_sent_total.labels(self.name).inc(ok)
-        now = self.clock()
-        self.last_success = now
-        self.metrics.last_send_success_timestamp_seconds.labels(self.name).set(now)
-        if ok < samples:
-            self._log_failure("partial", f"{self.name}: HTTP {resp.status} but only {ok} of {samples} "
-                              "samples written")
-            self.metrics.samples_failed_total.labels(self.name, "partial").inc(samples - ok)
-            return SendResult(True, resp.status, "partial", attempt, samples - ok)
-        return SendResult(True, resp.status, "sent", attempt, 0)
-
-    def _rejected(self, resp: Response, samples: int, attempt: int) -> SendResult:
-        """A final 4xx: drop the batch; samples the reply says were written count as sent."""
-        reason = failure_reason(resp.status)
-        written = min(samples, written_count(resp.headers) or 0)
-        if written:
-            self.metrics.samples_sent_total.labels(self.name).inc(written)
-        self._log_failure(reason, f"{self.name}: HTTP {resp.status}, dropping {samples - written} samples: "
-                          f"{first_line(resp.body)}")
-        return self._fail(samples - written, resp.status, reason, attempt)
-
-    def _post(self, body: bytes, attempt: int) -> Response | None:
-        """One request; None (nothing sent) once stop() was called."""
-        with self._gate:
-            if self._stop.is_set():
-                return None
-            self._in_flight += 1
-            self._since[threading.get_ident()] = time.monotonic()
-        headers = request_headers(self.headers, self.user_agent, attempt)
-        started = time.perf_counter()
-        resp: Response | None = None
-        try:
-            resp = self.transport.post(self.url, body, headers, self.settings.timeout)
-        except Exception as e:  # a transport must not raise; treat it as a network error if it does
-            resp = Response(0, {}, f"{type(e).__name__}: {e}".encode(errors="replace"))
-        finally:
-            took = time.perf_counter() - started
-            with self._gate:
-                self._in_flight -= 1
-                self._since.pop(threading.get_ident(), None)
-                if resp is not None:
-                    self._busy_s += took
-                    self._posts += 1
-                    self._failed_posts += classify(resp.status, resp.body) == "retry"
-                self._gate.notify_all()
-        self.metrics.send_duration_seconds.labels(self.name).observe(took)
-        return resp
-
-    def _log_failure(self, reason: str, text: str) -> None:
-        self.failures.warning((self.name, reason), "%s", text, extra={"destination": self.name, "reason": reason})
-
-    def _fail(self, samples: int, status: int, reason: str, attempt: int) -> SendResult:
-        if samples:
-            self.metrics.samples_failed_total.labels(self.name, reason).inc(samples)
-        return SendResult(False, status, reason, attempt, samples)

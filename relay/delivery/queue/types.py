@@ -1,4 +1,5 @@
-"""The queue's value types and errors (re-exported by relay.queue, where callers import them)."""
+"""The queue's value types and errors (re-exported by relay.delivery.queue.durable, where callers
+import them), and a put waiting in the group commit."""
 
 from __future__ import annotations
 
@@ -72,3 +73,23 @@ def check_pieces(pieces: Sequence[Sequence[object]]) -> list[Piece]:
                              (shard, type(payload), samples, oldest))
         out.append((shard, bytes(payload), samples, oldest))
     return out
+
+
+class PendingPut:
+    """One put waiting in the group commit (relay.delivery.queue.commit): its rows packed by the
+    putting thread before it joins, and what the leader's commit answers it."""
+
+    __slots__ = ("done", "dropped", "error", "rows")
+
+    def __init__(self, pieces: list[Piece], blocks: Sequence[bytes | None] | None = None) -> None:
+        # (shard, stored payload, raw_len or None, crc, raw size, samples, oldest_ts_ms)
+        self.rows = [(shard, *_packed(payload, block), samples, oldest) for (shard, payload, samples, oldest), block
+                     in zip(pieces, blocks or (None,) * len(pieces), strict=True)]
+        self.done = False
+        self.dropped = 0
+        self.error: BaseException | None = None
+
+
+def _packed(payload: bytes, block: bytes | None = None) -> tuple[bytes, int | None, int, int]:
+    stored, raw_len = queue_codec.pack(payload, block)
+    return stored, raw_len, queue_codec.checksum(stored, raw_len), len(payload)

@@ -501,7 +501,7 @@ def test_upkeep_vacuums_on_the_free_page_count_it_is_given_or_reads(
 def test_a_puts_rows_keep_their_order_per_shard_whatever_the_rows_per_insert(
     queue: DurableQueue, monkeypatch: pytest.MonkeyPatch, per_insert: int
 ) -> None:
-    from relay.delivery.queue import durable as queue_module
+    from relay.delivery.queue import commit as queue_module
 
     monkeypatch.setattr(queue_module, "_ROWS_PER_INSERT", per_insert)
     queue.put([(0, b"a1", 1), (1, b"b1", 2), (0, b"a2", 3), (0, b"a3", 4), (1, b"b2", 5), (0, b"a4", 6),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from relay.delivery.queue import durable as rq
+from relay.delivery.queue import reads as rq
 from relay.delivery.queue.durable import ENTRY_OVERHEAD_BYTES, DurableQueue
 
 
