@@ -3,7 +3,9 @@
 ``Handler`` parses the request line (its own fast path for a well-formed one, http.server's checks
 for any other) and the head (relay.common.http_head), guards the framing (a missing Content-Length on
 a write 411; invalid, negative or duplicated 400; a short body 400, not processed; chunked 411),
-bounds each request's reads by a deadline (``read_timeout``; idle keep-alive ``idle_timeout``),
+bounds each request's reads by deadlines (the whole head within ``head_timeout``, a few seconds: a
+connection that trickles its head is cut, so slow clients cannot hold the connection budget; head
+and body within ``read_timeout``; idle keep-alive ``idle_timeout``),
 answers Expect: 100-continue only when the body is about to be read, routes the path to the server's
 ``Endpoints`` and sends every reply in one write. Nothing of the request line is logged above debug
 (it may carry a token). The server (relay.ingest.server.RelayHTTPServer) owns the bounds it checks.
@@ -50,13 +52,19 @@ class Handler(BaseHTTPRequestHandler):
         with contextlib.suppress(OSError):
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._reader = DeadlineReader(self.connection)
-        self._reader.deadline = time.monotonic() + self.server.read_timeout  # the first request
+        self._begin(time.monotonic())  # the first request
         self._buffered = io.BufferedReader(self._reader, 1 << 16)
         self.rfile = self._buffered
         self.wfile = SocketWriter(self.connection)  # type: ignore[assignment]
         self._waiting = False  # the next request must wait for its first byte (keep-alive)
         self._body_pending = False  # the request's body, if any, was not read
         self._continue = False  # Expect: 100-continue, not answered yet
+
+    def _begin(self, now: float) -> None:
+        """A request starts: its head must arrive within ``head_timeout`` (the whole head, not each
+        read), the head and body together within ``read_timeout``."""
+        self._started = now
+        self._reader.deadline = now + min(self.server.head_timeout, self.server.read_timeout)
 
     def handle_one_request(self) -> None:
         if self._waiting:
@@ -70,7 +78,7 @@ class Handler(BaseHTTPRequestHandler):
             if not first:
                 self.close_connection = True
                 return
-            self._reader.deadline = time.monotonic() + self.server.read_timeout
+            self._begin(time.monotonic())
         self._waiting = True
         self._body_pending = False
         self._continue = False  # a 100 Continue is owed before the body is read
@@ -90,10 +98,11 @@ class Handler(BaseHTTPRequestHandler):
         if self.path.startswith("//"):  # as http.server: "//host/x" must not read as a network path
             self.path = "/" + self.path.lstrip("/")
         self.close_connection = m[3] == b"0"
-        head = read_headers(self.rfile)
+        head = read_headers(self.rfile)  # a head past its deadline: TimeoutError, and http.server closes
         if isinstance(head, HeadError):
             self.send_error(head.status, head.reason)
             return False
+        self._reader.deadline = self._started + self.server.read_timeout  # the body's share of the request
         self.headers = head  # type: ignore[assignment]
         connection = head.get("Connection", "").lower()
         if connection == "close":

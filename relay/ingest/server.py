@@ -2,13 +2,14 @@
 
 The handler (relay.ingest.http_handler) only parses HTTP and maps results to status codes; everything
 else is delegated to an ``Endpoints`` object (relay.ingest.http_reply; relay.control.service.Runtime
-in production, fakes in tests). It guards the framing (a
-missing Content-Length on a write 411; invalid, negative or duplicated 400; a short body 400, not
-processed; chunked 411, as a write is bounded before it is read), slow clients (headers and body
-within ``read_timeout`` in total; idle keep-alive connections closed after ``idle_timeout``) and load
-(``max_concurrent`` writes, ``max_connections`` connections; beyond, an immediate 503 with
-Retry-After and no body read). Replies go out in one write with TCP_NODELAY and echo nothing of the
-request; a client that hangs up is a debug line. ``serve_write`` serves POST /api/v1/write,
+in production, fakes in tests). It guards the framing (a missing Content-Length on a write 411;
+invalid, negative or duplicated 400; a short body 400, not processed; chunked 411, as a write is
+bounded before it is read), slow clients (the whole head within ``head_timeout``, else the
+connection is cut; head and body within ``read_timeout`` in total; idle keep-alive connections
+closed after ``idle_timeout``) and load (``max_concurrent`` writes, ``max_connections``
+connections; beyond, an immediate 503 with Retry-After and no body read). Replies go out in one
+write with TCP_NODELAY and echo nothing of the request; a client that hangs up is a debug line.
+``serve_write`` serves POST /api/v1/write (and answers vmagent's protocol probe there),
 ``serve_telemetry`` /metrics, /api/v1/cardinality, the status page at / and POST /-/reload (with
 ``enable_lifecycle``); both serve /-/healthy and /-/ready, for probes.
 """
@@ -34,6 +35,7 @@ __all__ = ["RETRY_AFTER_S", "Endpoints", "RelayHTTPServer", "Reply", "json_reply
 log = logging.getLogger("relay.server")
 
 _WARN_EVERY_S = 60.0
+HEAD_TIMEOUT_S = 5.0  # a request's whole head (request line and headers): what a client has to send it
 
 
 _BUSY = busy("connections")
@@ -54,6 +56,7 @@ class RelayHTTPServer(ThreadingHTTPServer):
         serve_telemetry: bool = True,
         max_concurrent: int = 64,
         read_timeout: float = 30.0,
+        head_timeout: float = HEAD_TIMEOUT_S,
         idle_timeout: float = 120.0,
         enable_lifecycle: bool = False,
         max_connections: int | None = None,
@@ -67,6 +70,7 @@ class RelayHTTPServer(ThreadingHTTPServer):
         self.serve_write = serve_write
         self.serve_telemetry = serve_telemetry
         self.read_timeout = read_timeout
+        self.head_timeout = head_timeout
         self.idle_timeout = idle_timeout
         self.enable_lifecycle = enable_lifecycle
         self.requests = threading.BoundedSemaphore(max_concurrent)  # writes being read or processed
