@@ -4,10 +4,11 @@ Every problem is reported, not just the first, each naming the file, the 1-based
 offending key or value and the field path: ``relay.yaml:12: destinations[0].queue.max_backoff:
 invalid duration "5q"``. The YAML is composed into nodes (which carry their line), the values of
 ``${VAR}`` / ``${VAR:-default}`` are put into its scalars (:mod:`relay.envexpand`: a value is one
-YAML value, whatever it holds), and the nodes are walked by a schema-aware reader
-(:class:`relay.yamlnodes.Reader`); relabel rules go to :mod:`relay.relabel`, aggregate selectors to
-:mod:`relay.selector`, and the entries of a Prometheus-style
-``remote_write:`` list to :mod:`relay.promremote`; all become :class:`DestinationConfig`.
+YAML value, whatever it holds; never under ``relabel_configs``, ``write_relabel_configs``,
+``metric_relabel_configs`` or ``aggregate``, whose ``$`` is Prometheus's), and the nodes are
+walked by a schema-aware reader (:class:`relay.yamlnodes.Reader`); relabel rules go to
+:mod:`relay.relabel`, aggregate selectors to :mod:`relay.selector`, and the entries of a
+Prometheus-style ``remote_write:`` list to :mod:`relay.promremote`; all become :class:`DestinationConfig`.
 
 ``probe`` (check-config only) adds warnings about the machine the check runs on: a sigv4 profile
 that does not exist there, a ``storage.path`` that cannot be created or written.
@@ -25,7 +26,8 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from relay.common import labels as lb
 from relay.config import parts
-from relay.config.envexpand import ExpansionIssue, Template, template
+from relay.config.envexpand import RULE_KEYS as RULE_KEYS
+from relay.config.envexpand import fill_nodes, template
 from relay.config.model import AGGREGATE_OUTPUTS as AGGREGATE_OUTPUTS
 from relay.config.model import (
     AggregateConfig,
@@ -89,7 +91,7 @@ def parse_config(
         raise ConfigError([ConfigIssue(filename, line, "", f"invalid YAML: {e.problem or e.context}")]) from e
     except yaml.YAMLError as e:
         raise ConfigError([ConfigIssue(filename, 1, "", f"invalid YAML: {e}")]) from e
-    if root is not None and (unset := _fill(tmpl, root)):
+    if root is not None and (unset := fill_nodes(tmpl, root)):
         raise ConfigError([ConfigIssue(filename, u.line, "", u.message) for u in sorted(unset, key=lambda u: u.line)])
     if root is None:
         raise ConfigError(
@@ -102,40 +104,6 @@ def parse_config(
     warnings = tuple(str(w) for w in sorted(r.warnings, key=lambda i: i.line))
     return Config(config.server, config.external_labels, config.global_relabel, config.storage_path,
                   config.scrape, config.destinations, config.source, warnings)  # fmt: skip
-
-
-_RESOLVER = yaml.resolver.Resolver()
-
-
-def _implicit_tag(value: str) -> str:
-    """The tag YAML gives an unquoted scalar with this text (int, bool, null, str...)."""
-    tag: str = _RESOLVER.resolve(ScalarNode, value, (True, False))  # type: ignore[no-untyped-call]
-    return tag
-
-
-def _fill(tmpl: Template, root: Node) -> list[ExpansionIssue]:
-    """Put the environment's values into the scalars; an unquoted one is typed again after it.
-
-    Each node once (an alias shares its anchor's node); the problems of the placeholders used."""
-    issues: list[ExpansionIssue] = []
-    seen: set[int] = set()
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if isinstance(node, MappingNode):
-            stack.extend(n for pair in node.value for n in pair)
-        elif isinstance(node, SequenceNode):
-            stack.extend(node.value)
-        elif isinstance(node, ScalarNode) and tmpl.holds_placeholder(node.value):
-            value, found = tmpl.fill(node.value)
-            issues.extend(i for i in found if i not in issues)
-            if node.style is None and node.tag == _implicit_tag(node.value):
-                node.tag = _implicit_tag(value)
-            node.value = value
-    return issues
 
 
 def _parse_root(r: Reader, root: Node, probe: Probe | None) -> Config:

@@ -14,9 +14,12 @@ stays a string. Rules:
 - ``${NAME:-default}``: the default when the variable is unset or empty (the shell's ``:-``); the
   default may hold ``$$`` and variables of its own (``${A:-${B:-x}}``), expanded only when used.
 - ``${NAME`` followed by anything else (the shell's ``-``, ``:=``, ``:?``, ``:+``) is an error, not text.
-- ``$$`` is a literal ``$`` (write ``$${1}`` for a relabel ``${1}``, ``$$$$`` for ``$$``).
-- Anything else with a ``$`` is left as it is (``$1``, ``${1}`` and ``$name`` of relabel
-  replacements, an unclosed ``${``).
+- ``$$`` is a literal ``$`` (``$$$$`` for ``$$``).
+- Anything else with a ``$`` is left as it is (``$1``, ``$name``, ``${1}``, an unclosed ``${``).
+
+Where ``$`` has a meaning of its own (relabel rules and aggregate rules: the regexp's ``$1``,
+``${name}``, ``$$``), the reader does not fill a scalar but restores it (:meth:`Template.restore`):
+each placeholder goes back to the exact text it replaced, so those values are the file's bytes.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -39,6 +45,7 @@ class ExpansionIssue:
 class _Expansion:
     value: str
     issues: list[ExpansionIssue] = field(default_factory=list)
+    raw: str = ""  # the text of the file it stands for
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,10 @@ class Template:
 
         return self._pattern.sub(one, text), issues
 
+    def restore(self, text: str) -> str:
+        """``text`` with each placeholder put back as the file's text it replaced (nothing expanded)."""
+        return self._pattern.sub(lambda m: self._expansions[int(m.group(1))].raw, text)
+
     def holds_placeholder(self, text: str) -> bool:
         return self._pattern.search(text) is not None
 
@@ -80,6 +91,7 @@ def template(text: str, env: Mapping[str, str]) -> Template:
             out.append(text[j:end])
         else:
             out.append(f"{prefix}{len(expansions)}Z")
+            expansion.raw = text[j:end]
             expansions.append(expansion)
         line += text.count("\n", j, end)
         i = end
@@ -141,3 +153,65 @@ def _closing(text: str, start: int) -> int | None:
             depth -= 1
         p += 1
     return None
+
+
+_RESOLVER = yaml.resolver.Resolver()
+
+
+def _implicit_tag(value: str) -> str:
+    """The tag YAML gives an unquoted scalar with this text (int, bool, null, str...)."""
+    tag: str = _RESOLVER.resolve(ScalarNode, value, (True, False))  # type: ignore[no-untyped-call]
+    return tag
+
+
+# Keys whose values keep Prometheus's own ``$`` (the regexp's $1, ${name}, $$): never expanded.
+# The operator's camelCase spellings too, so that a pasted one gets "did you mean", not "not set".
+RULE_KEYS = frozenset({"relabel_configs", "write_relabel_configs", "metric_relabel_configs", "aggregate",
+                       "relabelConfigs", "writeRelabelConfigs", "metricRelabelConfigs"})  # fmt: skip
+
+
+def fill_nodes(tmpl: Template, root: Node) -> list[ExpansionIssue]:
+    """Put the environment's values into the scalars; an unquoted one is typed again after it.
+
+    Under a :data:`RULE_KEYS` key a scalar gets the file's text back instead (nothing expanded,
+    nothing required). Each node once (an alias shares its anchor's node); the problems of the
+    placeholders used."""
+    issues: list[ExpansionIssue] = []
+    seen: set[int] = set()
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        node, rules = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, MappingNode):
+            for knode, vnode in node.value:
+                stack.append((knode, rules))
+                key = knode.value if isinstance(knode, ScalarNode) else None
+                stack.append((vnode, rules or (isinstance(key, str) and tmpl.restore(key) in RULE_KEYS)))
+        elif isinstance(node, SequenceNode):
+            stack.extend((n, rules) for n in node.value)
+        elif isinstance(node, ScalarNode) and tmpl.holds_placeholder(node.value):
+            if rules:
+                node.value = _restored(tmpl, node)
+                continue
+            value, found = tmpl.fill(node.value)
+            issues.extend(i for i in found if i not in issues)
+            if node.style is None and node.tag == _implicit_tag(node.value):
+                node.tag = _implicit_tag(value)
+            node.value = value
+    return issues
+
+
+def _restored(tmpl: Template, node: ScalarNode) -> str:
+    """The scalar as YAML reads the file's own text of it: its source with the placeholders put
+    back, read again (quotes and escapes as written); where that source is not one scalar on its
+    own, the value with the placeholders put back."""
+    source = tmpl.restore(tmpl.text[node.start_mark.index : node.end_mark.index])
+    try:
+        again = yaml.compose(source, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        again = None
+    if isinstance(again, ScalarNode) and again.style == node.style:
+        return str(again.value)
+    return tmpl.restore(node.value)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from yaml.nodes import Node
+from yaml.nodes import MappingNode, Node, ScalarNode
 
 from relay.config.model import QueueConfig, SigV4Config
 from relay.config.yamlnodes import Reader, node_at
@@ -140,10 +140,34 @@ def relabel(r: Reader, node: Node | None, path: str) -> tuple[RelabelConfig, ...
     if node is None or not items or bad:
         return ()
     try:
-        return parse_relabel_configs(r.to_python(node))
+        rules = parse_relabel_configs(r.to_python(node))
     except RelabelConfigError as e:
         r.error(node_at(node, e.field or ""), f"{path}{e.field or ''}", e.message)
         return ()
+    for (n, p), rule in zip(items, rules, strict=True):
+        warn_env_lookalikes(r, n, p, rule.regex.groupindex)
+    return rules
+
+
+_ENV_LOOKALIKE = re.compile(r"(?<!\$)(?:\$\$)*\$\{([A-Z][A-Z0-9_]*)(:-[^}]*)?\}")
+
+
+def warn_env_lookalikes(r: Reader, rule: Node, path: str, groups: Mapping[str, int]) -> None:
+    """A warning for each field of one relabel rule that holds ``${NAME}`` (upper case, not a group
+    of the rule's regex): it reads like an environment variable, which relabel fields never expand."""
+    if not isinstance(rule, MappingNode):
+        return
+    for knode, vnode in rule.value:
+        for value in [vnode] if isinstance(vnode, ScalarNode) else getattr(vnode, "value", []):
+            if not isinstance(value, ScalarNode) or not isinstance(value.value, str):
+                continue
+            for m in _ENV_LOOKALIKE.finditer(value.value):
+                if m.group(1) in groups and m.group(2) is None:
+                    continue
+                r.warn(value, f"{path}.{knode.value}",
+                       f"{m.group(0)} looks like an environment variable, but relabel rules are never "
+                       "expanded (Prometheus's $ is the regexp's: here it is a group the regex does not "
+                       "have, so it expands to \"\"); write the value itself, or set it in external_labels")
 
 
 def sigv4(

@@ -13,7 +13,8 @@ Credentials are copied as they are (the relay needs them); :attr:`Imported.crede
 each one so that the CLI can say so without printing it.
 
 ``$`` in copied values is written ``$$``, so the relay's ``${VAR}`` expansion gives back exactly
-Prometheus's text; in external label values Prometheus's own ``$VAR`` / ``${VAR}`` stay variables.
+Prometheus's text; relabel rules are copied as they are (the relay never expands them either); in
+external label values Prometheus's own ``$VAR`` / ``${VAR}`` stay variables.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from relay.config.envexpand import RULE_KEYS
 from relay.config.parts import DEST_NAME_RE, amp_region
 
 RELAY_WRITE_URL = "http://127.0.0.1:9201/api/v1/write"
@@ -133,7 +135,7 @@ def _unique_names(originals: list[dict[str, Any]], kept: list[dict[str, Any]]) -
 
 
 def _relay_entry(entry: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {k: _escaped(v) for k, v in entry.items()}
+    out: dict[str, Any] = {k: v if k in RULE_KEYS else _escaped(v) for k, v in entry.items()}
     name = out.get("name")
     if isinstance(name, str) and name and not DEST_NAME_RE.fullmatch(name):
         out["name"] = re.sub(r"[^A-Za-z0-9_-]", "-", name)
@@ -234,8 +236,22 @@ _Dumper.add_representer(_Quoted, lambda d, v: d.represent_scalar("tag:yaml.org,2
 
 
 def variables(text: str) -> list[str]:
-    """The environment variables a relay config text uses (``${NAME}`` / ``${NAME:-default}``)."""
-    names = re.findall(r"(?<!\$)(?:\$\$)*\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-[^}\n]*)?\}", text)
+    """The environment variables a relay config text uses (``${NAME}`` / ``${NAME:-default}``),
+    outside the rules (whose ``$`` is the regexp's, never the environment's)."""
+    names: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            names.extend(re.findall(r"(?<!\$)(?:\$\$)*\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-[^}\n]*)?\}", value))
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                if k not in RULE_KEYS:
+                    walk(v)
+
+    walk(yaml.safe_load(text))
     return list(dict.fromkeys(names))
 
 
