@@ -192,6 +192,8 @@ class PushEndpoint:
         if report is not None:
             self.state.push(own, report)
             if (namespace, name) not in self._seen:
+                if len(self._seen) >= 10_000:  # bounded: a job seen long ago may log its first push again
+                    self._seen.clear()
                 self._seen.add((namespace, name))
                 log.info("first progress push for %s %s/%s", own.kind, namespace, name,
                          extra={"namespace": namespace, "job_kind": own.kind, "job_name": name})
