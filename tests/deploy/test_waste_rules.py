@@ -1,5 +1,5 @@
 """deploy/monitoring/rules/gpu-waste.rules.yaml under the real promtool: every case of
-deploy/monitoring/tests/gpu-waste.test.yaml (built by tests/deploy/waste_cases.py: the weekend stall,
+tests/deploy/data/gpu-waste.test.yaml (built by tests/deploy/waste_cases.py: the weekend stall,
 checkpoints, evals, a data-starved job, an OOM restart, a crash loop, NCCL hangs, a healthy 24 h run,
 FP32, a finished job holding its GPUs, time-sliced notebooks, a CPU-only Deployment, p5 dollars,
 RHOAI) passes, each alert has a case where it fires and cases where it stays silent, and the
@@ -45,7 +45,8 @@ def test_promtool_test_rules_passes_every_case() -> None:
 
 
 def test_rule_files_are_loaded_as_they_are(spec: dict[str, Any]) -> None:
-    assert spec["rule_files"] == ["../rules/gpu-waste.rules.yaml", "../rules/gpu-telemetry.rules.yaml"]
+    assert spec["rule_files"] == ["../../../deploy/monitoring/rules/gpu-waste.rules.yaml",
+                                  "../../../deploy/monitoring/rules/gpu-telemetry.rules.yaml"]
     assert spec["evaluation_interval"] == "1m"
     rules = yaml.safe_load((TESTS.parent / spec["rule_files"][0]).read_text())
     assert [g["interval"] for g in rules["groups"]] == ["1m"]
