@@ -21,17 +21,19 @@ COPY relay ./relay
 COPY telemetry_common ./telemetry_common
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 # setup.py builds the extensions as optional: a wheel without one would run the slow Python
-# fallback, so the build fails here unless it holds relay/native/_<name>*.so for every relay/native/<name>.c.
+# fallback, so the build fails here unless it holds relay/native/_<name>*.so for every relay/native/<name>.c
+# and every relay/native/<name>/ folder of .c files (setup.py builds one extension from each).
 RUN python -c "import glob, pathlib, zipfile; \
 names = zipfile.ZipFile(glob.glob('/wheels/gpu_telemetry-*.whl')[0]).namelist(); \
-want = sorted('relay/native/_' + c.stem for c in pathlib.Path('relay/native').glob('*.c')); \
+src = pathlib.Path('relay/native'); \
+want = sorted({'relay/native/_' + (c.stem if c.parent == src else c.parent.name) for c in [*src.glob('*.c'), *src.glob('*/*.c')]}); \
 missing = [w for w in want if not any(n.startswith(w + '.') and n.endswith('.so') for n in names)]; \
 assert want and not missing, f'the wheel lacks native modules {missing}'"
 
 # --- runtime ----------------------------------------------------------------------------------
 FROM python:3.11-slim
 LABEL org.opencontainers.image.title="gpu-telemetry" \
-      org.opencontainers.image.description="gpu-exporter (NVML, dcgm-exporter schema) and gpu-relay (remote-write to AMP)" \
+      org.opencontainers.image.description="gpu-exporter (NVML, dcgm-exporter schema), gpu-relay (remote-write to AMP) and gpu-jobwatch (which job holds which GPU, and its progress)" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -46,9 +48,14 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
  && chown 65532:65532 /var/lib/gpu-relay
 # Numeric, so Kubernetes' runAsNonRoot can verify it. The exporter's DaemonSet overrides it with
 # uid 0 (no capabilities) only to reach the root-owned kubelet socket; see deploy/exporter/daemonset.yaml.
+# dcgm-exporter 4.8.2's collectors files at its documented paths, so `-f /etc/dcgm-exporter/<file>` (and
+# DCGM_EXPORTER_COLLECTORS) from NVIDIA's chart or the GPU Operator work unchanged; the default -f.
+COPY exporter/data/dcgm-exporter.default-counters.csv /etc/dcgm-exporter/default-counters.csv
+COPY exporter/data/dcgm-exporter.dcp-metrics-included.csv /etc/dcgm-exporter/dcp-metrics-included.csv
+COPY exporter/data/dcgm-exporter.1.x-compatibility-metrics.csv /etc/dcgm-exporter/1.x-compatibility-metrics.csv
 USER 65532:65532
 WORKDIR /var/lib/gpu-relay
-EXPOSE 9400 9201 9202
+EXPOSE 9400 9201 9202 9403
 # A three-line dispatcher in the image's /bin/sh: exec keeps the program as PID 1 (signals reach it).
-ENTRYPOINT ["/bin/sh", "-c", "case \"$1\" in gpu-exporter|gpu-relay) exec \"$@\" ;; *) exec gpu-exporter \"$@\" ;; esac", "gpu-telemetry"]
+ENTRYPOINT ["/bin/sh", "-c", "case \"$1\" in gpu-exporter|gpu-relay|gpu-jobwatch) exec \"$@\" ;; *) exec gpu-exporter \"$@\" ;; esac", "gpu-telemetry"]
 CMD []

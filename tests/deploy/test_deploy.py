@@ -280,7 +280,10 @@ def wheel_check() -> str:
     return code
 
 
-NATIVE = sorted(f"relay/native/_{c.stem}" for c in (ROOT / "relay" / "native").glob("*.c"))
+NATIVE_SRC = ROOT / "relay" / "native"
+# one extension a relay/native/<name>.c and one a relay/native/<name>/ folder of .c files (setup.py)
+NATIVE = sorted({f"relay/native/_{c.stem if c.parent == NATIVE_SRC else c.parent.name}"
+                 for c in [*NATIVE_SRC.glob("*.c"), *NATIVE_SRC.glob("*/*.c")]})
 SO = ".cpython-311-x86_64-linux-gnu.so"
 
 
@@ -288,13 +291,15 @@ SO = ".cpython-311-x86_64-linux-gnu.so"
     (["relay/__init__.py", *(n + SO for n in NATIVE)], []),
     (["relay/__init__.py", "relay/ingest/wire.py"], NATIVE),  # setup.py's optional build failed: no image
     (["relay/native/_cwire.c"], NATIVE),
+    (["relay/native/cstage/take.c", *(n + SO for n in NATIVE if n != "relay/native/_cstage")],
+     ["relay/native/_cstage"]),  # a folder's extension (relay/native/cstage/*.c) did not build
     (["relay/__init__.py", *(n + SO for n in NATIVE[1:])], NATIVE[:1]),  # one module did not build
 ])
 def test_dockerfile_refuses_a_wheel_without_every_native_module(tmp_path: Path, members: list[str],
                                                                 missing: list[str]) -> None:
     import zipfile
 
-    assert "relay/native/_cwire" in NATIVE and len(NATIVE) >= 4
+    assert "relay/native/_cwire" in NATIVE and "relay/native/_cstage" in NATIVE and len(NATIVE) >= 5
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     with zipfile.ZipFile(wheels / "gpu_telemetry-0.1.0-cp311-cp311-linux_x86_64.whl", "w") as whl:
@@ -320,13 +325,13 @@ def test_dockerfile_copies_only_files_that_exist_and_are_not_dockerignored() -> 
         assert src.rstrip("/") not in ignored, src
 
 
-def test_dockerfile_runs_as_non_root_and_exposes_the_three_ports() -> None:
+def test_dockerfile_runs_as_non_root_and_exposes_every_programs_port() -> None:
     stage = final_stage()
     (user,) = [a for k, a in stage if k == "USER"]
     uid = user.split(":")[0]
     assert uid.isdigit() and int(uid) == 65532
     exposed = {p for k, a in stage if k == "EXPOSE" for p in a.split()}
-    assert {"9400", "9201", "9202"} <= exposed  # exporter, relay write, relay telemetry
+    assert {"9400", "9201", "9202", "9403"} <= exposed  # exporter, relay write, relay telemetry, jobwatch
 
 
 def test_dockerfile_comments_point_at_files_that_exist() -> None:
@@ -343,7 +348,7 @@ def entrypoint() -> list[str]:
 def test_dockerfile_entrypoint_programs_are_console_scripts_of_the_project() -> None:
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     named = set(re.findall(r"gpu-[a-z]+", " ".join(entrypoint()[:-1])))  # last item: the script's $0
-    assert named == {"gpu-exporter", "gpu-relay"}
+    assert named == {"gpu-exporter", "gpu-relay", "gpu-jobwatch"}
     assert named <= scripts.keys()
     missing = [
         t for t in scripts.values() if not (ROOT / (t.split(":")[0].replace(".", "/") + ".py")).exists()
@@ -366,12 +371,13 @@ def test_dockerfile_entrypoint_programs_are_console_scripts_of_the_project() -> 
             "gpu-relay run --config /etc/gpu-relay/relay.yaml",
         ),
         (["gpu-relay", "check-config", "a b.yaml"], "gpu-relay check-config a b.yaml"),
+        (["gpu-jobwatch", "--listen", ":9403"], "gpu-jobwatch --listen :9403"),
     ],
 )
 def test_dockerfile_entrypoint_dispatches_on_the_first_argument(
     args: list[str], expected: str, tmp_path: Path
 ) -> None:
-    for prog in ("gpu-exporter", "gpu-relay"):
+    for prog in ("gpu-exporter", "gpu-relay", "gpu-jobwatch"):
         fake = tmp_path / prog
         fake.write_text(f'#!/bin/sh\necho {prog} "$@"\n')
         fake.chmod(0o755)
