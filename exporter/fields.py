@@ -259,8 +259,51 @@ def _build() -> dict[str, FieldDef]:
 
 FIELDS: dict[str, FieldDef] = _build()
 
-# Names sharing an id with another (deprecated macro aliases DCGM keeps for compatibility).
+# Names sharing an id with another (deprecated macro aliases DCGM keeps for compatibility). A CSV
+# row naming an alias is read as its target and exported under the name it lists, as go-dcgm's
+# GetFieldID resolves it for dcgm-exporter 4.8.2.
 ALIASES: dict[str, str] = {"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"}
+
+# dcgm-exporter 1.x metric names (go-dcgm's legacyDCGMFields), what etc/1.x-compatibility-metrics.csv
+# lists: read as the DCGM field, exported under the 1.x name.
+LEGACY_NAMES: dict[str, str] = {
+    "dcgm_" + legacy: "DCGM_FI_" + current
+    for legacy, current in (
+        ("sm_clock", "DEV_SM_CLOCK"), ("memory_clock", "DEV_MEM_CLOCK"), ("memory_temp", "DEV_MEMORY_TEMP"),
+        ("gpu_temp", "DEV_GPU_TEMP"), ("power_usage", "DEV_POWER_USAGE"),
+        ("total_energy_consumption", "DEV_TOTAL_ENERGY_CONSUMPTION"), ("pcie_tx_throughput", "DEV_PCIE_TX_THROUGHPUT"),
+        ("pcie_rx_throughput", "DEV_PCIE_RX_THROUGHPUT"), ("pcie_replay_counter", "DEV_PCIE_REPLAY_COUNTER"),
+        ("gpu_utilization", "DEV_GPU_UTIL"), ("mem_copy_utilization", "DEV_MEM_COPY_UTIL"),
+        ("enc_utilization", "DEV_ENC_UTIL"), ("dec_utilization", "DEV_DEC_UTIL"), ("xid_errors", "DEV_XID_ERRORS"),
+        ("power_violation", "DEV_POWER_VIOLATION"), ("thermal_violation", "DEV_THERMAL_VIOLATION"),
+        ("sync_boost_violation", "DEV_SYNC_BOOST_VIOLATION"), ("board_limit_violation", "DEV_BOARD_LIMIT_VIOLATION"),
+        ("low_util_violation", "DEV_LOW_UTIL_VIOLATION"), ("reliability_violation", "DEV_RELIABILITY_VIOLATION"),
+        ("fb_free", "DEV_FB_FREE"), ("fb_used", "DEV_FB_USED"),
+        ("ecc_sbe_volatile_total", "DEV_ECC_SBE_VOL_TOTAL"), ("ecc_dbe_volatile_total", "DEV_ECC_DBE_VOL_TOTAL"),
+        ("ecc_sbe_aggregate_total", "DEV_ECC_SBE_AGG_TOTAL"), ("ecc_dbe_aggregate_total", "DEV_ECC_DBE_AGG_TOTAL"),
+        ("retired_pages_sbe", "DEV_RETIRED_SBE"), ("retired_pages_dbe", "DEV_RETIRED_DBE"),
+        ("retired_pages_pending", "DEV_RETIRED_PENDING"),
+        ("nvlink_flit_crc_error_count_total", "DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"),
+        ("nvlink_data_crc_error_count_total", "DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"),
+        ("nvlink_replay_error_count_total", "DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"),
+        ("nvlink_recovery_error_count_total", "DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"),
+        ("nvlink_bandwidth_total", "DEV_NVLINK_BANDWIDTH_TOTAL"),
+        ("fi_prof_gr_engine_active", "PROF_GR_ENGINE_ACTIVE"), ("fi_prof_sm_active", "PROF_SM_ACTIVE"),
+        ("fi_prof_sm_occupancy", "PROF_SM_OCCUPANCY"), ("fi_prof_pipe_tensor_active", "PROF_PIPE_TENSOR_ACTIVE"),
+        ("fi_prof_dram_active", "PROF_DRAM_ACTIVE"), ("fi_prof_pcie_tx_bytes", "PROF_PCIE_TX_BYTES"),
+        ("fi_prof_pcie_rx_bytes", "PROF_PCIE_RX_BYTES"),
+    )
+}  # fmt: skip
+
+
+def canonical(name: str) -> str | None:
+    """The DCGM field a CSV name is read as: itself, an alias's target, a 1.x name's field; None
+    when unknown."""
+    if name in ALIASES:
+        return ALIASES[name]
+    if name in FIELDS:
+        return name
+    return LEGACY_NAMES.get(name)
 
 # DESIGN.md's default set in dcgm-exporter 4.8.2 default-counters.csv order, plus the driver label.
 DEFAULT_FIELDS: tuple[str, ...] = (

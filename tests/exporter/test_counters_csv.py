@@ -118,7 +118,7 @@ def test_built_in_default_is_the_design_default_set_with_reference_help() -> Non
         ("DCGM_FI_DEV_GPU_UTIL, gauge, GPU util, in %\n", 1, "got 4"),
         ("DCGM_FI_DEV_GPU_UTIL, histogram, help\n", 1, "unknown type 'histogram'"),
         ("DCGM_FI_DEV_GPU_UTIL, Gauge, help\n", 1, "unknown type 'Gauge'"),
-        ("DCGM_FI_DEV_GPU_UTIL, gauge, a\n\nDCGM_FI_DEV_GPU_UTIL, counter, b\n", 3, "first on line 1"),
+        ("DCGM_FI_DEV_GPU_UTIL, gauge, a\n\ndcgm_not_a_1x_name, counter, b\n", 3, "unknown field"),
         ("DCGM_FI_DEV_GPU_UTIL\n", 1, "got 1"),
         ('DCGM_FI_DEV_GPU_UTIL, gauge, "unterminated\n', 1, "DCGM_FI_DEV_GPU_UTIL"),
     ],
