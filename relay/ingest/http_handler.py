@@ -6,8 +6,9 @@ a write 411; invalid, negative or duplicated 400; a short body 400, not processe
 bounds each request's reads by deadlines (the whole head within ``head_timeout``, a few seconds: a
 connection that trickles its head is cut, so slow clients cannot hold the connection budget; head
 and body within ``read_timeout``; idle keep-alive ``idle_timeout``),
-answers Expect: 100-continue only when the body is about to be read, routes the path to the server's
-``Endpoints`` and sends every reply in one write. Nothing of the request line is logged above debug
+answers Expect: 100-continue only when the body is about to be read, answers vmagent's protocol
+probe on the write path, routes the path to the server's ``Endpoints`` and sends every reply in one
+write. Nothing of the request line is logged above debug
 (it may carry a token). The server (relay.ingest.server.RelayHTTPServer) owns the bounds it checks.
 """
 
@@ -27,6 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 from relay.common.http_head import HeadError, Headers, read_headers
 from relay.ingest.http_conn import DeadlineReader, SocketWriter, response_head
 from relay.ingest.http_reply import Reply, busy, text
+from relay.ingest.request_body import VM_PROTO_VERSION
 
 if TYPE_CHECKING:
     from relay.ingest.server import RelayHTTPServer
@@ -194,6 +196,8 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/api/v1/write":
             if not srv.serve_write:
                 return text(404, "remote-write is not served on this listener (telemetry only); use server.listen")
+            if parse_qs(query).get("get_vm_proto_version", [""])[0]:
+                return self._vm_proto_probe()
             return self._write() if method == "POST" else text(405, "use POST", {"Allow": "POST"})
         if path == "/-/reload" and srv.serve_telemetry:
             if method not in ("POST", "PUT"):
@@ -229,6 +233,21 @@ class Handler(BaseHTTPRequestHandler):
             return text(500, "internal error")
         return reply
 
+    def _vm_proto_probe(self) -> Reply:
+        """vmagent's handshake (``?get_vm_proto_version=1``, GET or POST): answered as VictoriaMetrics
+        answers it (200, the version), whatever the method, so vmagent sends zstd; a body is read
+        and ignored, within the write's limit, to keep the connection usable."""
+        if "Content-Length" in self.headers and "Transfer-Encoding" not in self.headers:
+            body = self._read_body(self._write_limit())
+            if isinstance(body, Reply):
+                return body
+        return Reply(200, VM_PROTO_VERSION)
+
+    def _write_limit(self) -> int:
+        """A write's largest body: a snappy block is never larger than ~1.17x its content."""
+        limit = self.server.endpoints.max_request_bytes
+        return limit + limit // 5 + 64
+
     def _write(self) -> Reply:
         srv, ep = self.server, self.server.endpoints
         if "Transfer-Encoding" in self.headers:
@@ -236,8 +255,7 @@ class Handler(BaseHTTPRequestHandler):
         if "Content-Length" not in self.headers:
             self._body_pending = True  # a write without a length: what follows cannot be framed
             return text(411, "Content-Length required")
-        # A snappy block is never larger than ~1.17x its content: bound the compressed body too.
-        length = self._content_length(ep.max_request_bytes + ep.max_request_bytes // 5 + 64)
+        length = self._content_length(self._write_limit())  # the compressed body is bounded too
         if isinstance(length, Reply):
             return length
         if not srv.requests.acquire(blocking=False):  # before reading: a refused body costs nothing
