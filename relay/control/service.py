@@ -39,6 +39,7 @@ from relay.control.overview import destination_overview
 from relay.delivery.queue.durable import QueueError, RequestTooLargeError, StorageError
 from relay.delivery.transport import HttpTransport, Transport
 from relay.ingest import wire
+from relay.ingest.request_body import decode_body
 from relay.ingest.scrape import Scraper, ScrapeTarget
 from relay.ingest.server import Reply
 from relay.state.cardinality import CardinalityMetrics
@@ -238,16 +239,9 @@ class Runtime:
     # -- the write endpoint ----------------------------------------------------------------------
     def write(self, headers: Mapping[str, str], body: bytes) -> Reply:
         try:
-            version = wire.parse_content_type(headers.get("content-type"))
-            encoding = headers.get("content-encoding", "snappy").strip().lower()
-            if encoding != "snappy":
-                raise wire.WireError(415, f"unsupported Content-Encoding {encoding!r}: expected snappy")
-            raw = wire.decompress(body, self.max_request_bytes)
-            counts = None
-            if version == 2:
-                raw, counts = wire.v2_to_v1(raw, self.max_request_bytes)
-            # a RW 1.0 body decoded to exactly ``raw``: a share that is all of it is stored as it came
-            self.pipeline.ingest(raw, body if version == 1 else None)
+            decoded = decode_body(headers, body, self.max_request_bytes)  # type, snappy/zstd, RW 2.0 -> 1.0
+            self.pipeline.ingest(decoded.raw, decoded.stored)  # ``stored``: the body, when kept as it came
+            counts = decoded.counts
         except wire.WireError as e:
             return self._answer(e.status, str(e))
         except RequestTooLargeError as e:
