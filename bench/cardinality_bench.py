@@ -46,7 +46,7 @@ class _Clock:
 def measure(n: int) -> dict[str, Any]:
     """Runs inside the child process."""
     sys.path.insert(0, str(ROOT))
-    from relay.state.cardinality import SeriesTracker
+    from relay.state.series_tracker import SeriesTracker
 
     clock = _Clock()
     tracker = SeriesTracker(3600.0, clock)

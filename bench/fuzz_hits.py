@@ -28,7 +28,7 @@ with atheris.instrument_imports():
 
 from bench.fuzz_cwire import seeds, structured
 from relay import native
-from relay.state import cardinality
+from relay.state import series_tracker
 from relay.state.stage import route_hits
 
 _c: Any = native.load("cstage")
@@ -64,9 +64,9 @@ def build(reference: bool) -> Any:
     from relay.state.pipeline import Pipeline
 
     config = parse_config(CONFIG)
-    saved = cardinality._NATIVE
+    saved = series_tracker._NATIVE
     if reference:
-        cardinality._NATIVE = None
+        series_tracker._NATIVE = None
     try:
         registry = CollectorRegistry()
         cm = CardinalityMetrics(registry)
@@ -74,7 +74,7 @@ def build(reference: bool) -> Any:
         return (Pipeline(config, RelayMetrics(registry), stats, [None, None], cardinality=cm, clock=clock),
                 registry)
     finally:
-        cardinality._NATIVE = saved
+        series_tracker._NATIVE = saved
 
 
 def outcome(p: Any, buf: bytes) -> Any:

@@ -43,9 +43,10 @@ from relay import native
 from relay.common.metrics import RelayMetrics
 from relay.config.config import parse_config
 from relay.ingest import wire
-from relay.state import cardinality
-from relay.state.cardinality import CardinalityMetrics, CSeriesTracker, DestinationStats
+from relay.state import series_tracker
+from relay.state.cardinality import CardinalityMetrics, DestinationStats
 from relay.state.pipeline import Pipeline
+from relay.state.series_tracker import CSeriesTracker
 
 SCENARIOS = {"keep4": KEEP4_RULES, "passthrough": ""}
 
@@ -56,16 +57,16 @@ def build(rules: str, reference: bool) -> Pipeline:
     config = parse_config(
         "storage: {path: /nonexistent}\nexternal_labels: {cluster: prod}\n"
         "destinations:\n  - name: amp\n    url: http://127.0.0.1:1/api/v1/write\n    dry_run: true\n" + rules)
-    saved = cardinality._NATIVE
+    saved = series_tracker._NATIVE
     if reference:
-        cardinality._NATIVE = None
+        series_tracker._NATIVE = None
     try:
         registry = CollectorRegistry()
         cm = CardinalityMetrics(registry)
         stats = [DestinationStats("amp", metrics=cm)]
         return Pipeline(config, RelayMetrics(registry), stats, [None], cardinality=cm)
     finally:
-        cardinality._NATIVE = saved
+        series_tracker._NATIVE = saved
 
 
 class Timer:

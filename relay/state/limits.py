@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from relay.common.labels import METRIC_NAME, Labels, canonical
-from relay.state.cardinality import SeriesTracker
+from relay.state.series_tracker import SeriesTracker
 
 # AMP quotas (reference §5): 70 labels per series is documented; the name/value lengths come from a
 # third-party table (unverified), so they are constants to override, not facts.

@@ -1,7 +1,8 @@
 """One destination's half of the pipeline: its cold decision after the rules (``decide``) and its
 per-series pass for every occurrence (``take``): collisions, aggregation, limits, accounting and
 sharding into queue pieces. Plain data in (decisions, rest bytes, counts), pieces out: the loop a
-native core can take over (issue 9).
+native core can take over (issue 9). A request's metadata entries are read by ``relay.state.metadata``
+(``metadata_entries``, importable from here too).
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from relay import native
 from relay.common.labels import METRIC_NAME, Labels
 from relay.common.labels import get as label_get
 from relay.common.metrics import RelayMetrics
-from relay.common.protowire import encode_uvarint, fields, uvarint
+from relay.common.protowire import encode_uvarint
 from relay.config.config import DestinationConfig
 from relay.delivery.queue.durable import DurableQueue, Piece
 from relay.ingest import wire
 from relay.rules import label_codec
 from relay.rules.selector import parse_selector
 from relay.state.aggregate import AggregateRule, Aggregator
-from relay.state.cardinality import CardinalityMetrics, CSeriesTracker, DestinationStats
+from relay.state.cardinality import CardinalityMetrics, DestinationStats
 from relay.state.limits import (
     AmpLimits,
     CollisionDetector,
@@ -30,18 +31,20 @@ from relay.state.limits import (
     amp_violation,
     amp_violation_named,
 )
+from relay.state.metadata import FAMILY_SUFFIXES, metadata_entries
+from relay.state.series_tracker import CSeriesTracker
 
-FAMILY_SUFFIXES = ("", "_total", "_bucket", "_sum", "_count")  # metadata family -> its series' names
 MASK64 = (1 << 64) - 1
 CLAIM = 1 << 64  # set in a pass decision's id: the rules changed the series, its output is claimed
 POS_SHIFT = 65  # above it in a pass decision's id: 1 + where the external labels go into the key
-_COUNTER = 1  # MetricMetadata.MetricType COUNTER
 _cstage = native.load("cstage")  # take()'s loop in C (relay/native/cstage.c); None: the reference below
 # Pipeline.route's fast path for requests of cached series (relay/native/cstage.c route_hits): it reads
 # the request with relay.native._cwire's parser and the decisions in relay.native._cdcache's tables, so all three.
 route_hits: Callable[..., Any] | None = (
     _cstage.route_hits if _cstage is not None and native.load("cwire") and native.load("cdcache") else None)
 
+__all__ = ["CLAIM", "FAMILY_SUFFIXES", "MASK64", "POS_SHIFT", "RULES", "DestinationStage", "decode_labels",
+           "decode_labels_canonical", "metadata_entries", "route_hits"]
 
 _DROPS: dict[str, wire.DestDecision] = {}
 
@@ -389,26 +392,3 @@ class DestinationStage:
         return b"".join([raw for family, raw in entries
                          if any(has(family + suffix) for suffix in FAMILY_SUFFIXES)])
 
-
-def metadata_entries(metadata: bytes) -> list[tuple[str, bytes, bool]]:
-    """(family name, raw tag-wrapped entry, is a counter) of each well-formed WriteRequest field-3
-    entry; a malformed one is left out (never forwarded), the others still count."""
-    out: list[tuple[str, bytes, bool]] = []
-    try:
-        entries = [(start, end, tag_start) for number, wire_type, tag_start, start, end
-                   in fields(metadata, 0, len(metadata)) if number == 3 and wire_type == 2]
-    except wire.WireError:  # route() kept these raw entries: they are framed, but be safe
-        return out
-    for start, end, tag_start in entries:
-        family, kind = "", 0
-        try:
-            for n2, wt2, _, s2, e2 in fields(metadata, start, end):
-                if n2 == 2 and wt2 == 2:
-                    family = metadata[s2:e2].decode()
-                elif n2 == 1 and wt2 == 0:
-                    kind = uvarint(metadata, s2)[0]
-        except (wire.WireError, UnicodeDecodeError):
-            continue
-        out.append((family, metadata[tag_start:end], kind == _COUNTER))
-    return out
-    return out

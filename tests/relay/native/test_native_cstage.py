@@ -24,9 +24,10 @@ from relay.common.labels import Labels
 from relay.common.metrics import RelayMetrics
 from relay.config.config import parse_config
 from relay.ingest import wire
-from relay.state import cardinality
-from relay.state.cardinality import CardinalityMetrics, CSeriesTracker, DestinationStats
+from relay.state import series_tracker
+from relay.state.cardinality import CardinalityMetrics, DestinationStats
 from relay.state.pipeline import Pipeline
+from relay.state.series_tracker import CSeriesTracker
 
 _c = native.load("cstage")
 pytestmark = pytest.mark.skipif(_c is None, reason="relay.native._cstage not in use (GPU_RELAY_NATIVE=0 or not built)")
@@ -45,12 +46,12 @@ class Clock:
 @contextmanager
 def reference() -> Iterator[None]:
     """SeriesTracker() builds the dict reference while inside."""
-    saved = cardinality._NATIVE
-    cardinality._NATIVE = None
+    saved = series_tracker._NATIVE
+    series_tracker._NATIVE = None
     try:
         yield
     finally:
-        cardinality._NATIVE = saved
+        series_tracker._NATIVE = saved
 
 
 # ---- the C table ---------------------------------------------------------------------------------
@@ -180,7 +181,7 @@ def _labels(i: int, metric: str) -> Labels:
     return tuple(sorted([("__name__", metric), ("gpu", str(i % 3)), ("pod", f"p{i % 5}"), ("uid", f"u{i}")]))
 
 
-def _report(t: cardinality.SeriesTracker, ids: list[int]) -> dict[str, Any]:
+def _report(t: series_tracker.SeriesTracker, ids: list[int]) -> dict[str, Any]:
     has = t.has()
     return {
         "active": t.active(),
@@ -229,7 +230,7 @@ def test_tracker_matches_the_reference(ops: list[tuple[Any, ...]], max_values: i
     clock = Clock()
     c = CSeriesTracker(60.0, clock, slots=slots, max_values=max_values)
     with reference():
-        p = cardinality.SeriesTracker(60.0, clock, slots=slots, max_values=max_values)
+        p = series_tracker.SeriesTracker(60.0, clock, slots=slots, max_values=max_values)
     assert type(p) is not CSeriesTracker
     ids = sorted({0, 1, 5, 17, U64, 1 << 63})
     for op in ops:
@@ -298,7 +299,7 @@ def test_tracker_labels_of_failing_leaves_the_same_state_as_the_reference() -> N
     clock = Clock()
     c = CSeriesTracker(60.0, clock)
     with reference():
-        p = cardinality.SeriesTracker(60.0, clock)
+        p = series_tracker.SeriesTracker(60.0, clock)
 
     def boom(i: int) -> Labels:
         if i == 2:
@@ -453,7 +454,7 @@ def test_pipeline_with_c_matches_the_reference(name: str, steps: list[tuple[Any,
     cp, creg = _pipeline(CONFIGS[name], clock)
     with reference():
         pp, preg = _pipeline(CONFIGS[name], clock)
-    assert type(cp.tracker_in) is CSeriesTracker and type(pp.tracker_in) is cardinality.SeriesTracker
+    assert type(cp.tracker_in) is CSeriesTracker and type(pp.tracker_in) is series_tracker.SeriesTracker
     assert all(type(s.stats.tracker_out) is CSeriesTracker for s in cp.stages)
     sent: list[bytes] = []
     for step in steps:

@@ -27,8 +27,9 @@ from relay.common.protowire import encode_len
 from relay.config.config import parse_config
 from relay.ingest import wire
 from relay.proto import remote_v1_pb2 as v1pb
-from relay.state.cardinality import CardinalityMetrics, CSeriesTracker, DestinationStats
+from relay.state.cardinality import CardinalityMetrics, DestinationStats
 from relay.state.pipeline import Pipeline
+from relay.state.series_tracker import CSeriesTracker
 from relay.state.stage import route_hits
 from tests.relay.native.test_native_cstage import Clock, reference
 from tests.relay.native.test_native_cwire import histograms, metadata_entries

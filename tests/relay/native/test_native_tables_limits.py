@@ -83,7 +83,7 @@ def _trackers() -> list[str]:
 
 @pytest.mark.parametrize("kind", _trackers())
 def test_label_values_count_by_their_true_slot_across_the_2_16_wrap(kind: str) -> None:
-    from relay.state import cardinality
+    from relay.state import series_tracker
 
     class Clock:
         t = 0.0
@@ -92,7 +92,7 @@ def test_label_values_count_by_their_true_slot_across_the_2_16_wrap(kind: str) -
             return self.t
 
     clock = Clock()
-    cls = cardinality.PySeriesTracker if kind == "python" else cardinality.CSeriesTracker
+    cls = series_tracker.PySeriesTracker if kind == "python" else series_tracker.CSeriesTracker
     t = cls(60.0, clock, slots=60, max_values=100)  # one slot a second
 
     def uid(sid: int, value: str) -> None:
@@ -120,7 +120,7 @@ def test_label_values_count_by_their_true_slot_across_the_2_16_wrap(kind: str) -
 
 @pytest.mark.parametrize("kind", _trackers())
 def test_the_largest_window_of_slots_still_expires_values_exactly_across_wraps(kind: str) -> None:
-    from relay.state import cardinality
+    from relay.state import series_tracker
 
     class Clock:
         t = 0.0
@@ -129,8 +129,8 @@ def test_the_largest_window_of_slots_still_expires_values_exactly_across_wraps(k
             return self.t
 
     clock = Clock()
-    slots = cardinality.MAX_SLOTS
-    cls = cardinality.PySeriesTracker if kind == "python" else cardinality.CSeriesTracker
+    slots = series_tracker.MAX_SLOTS
+    cls = series_tracker.PySeriesTracker if kind == "python" else series_tracker.CSeriesTracker
     t = cls(float(slots), clock, slots=slots, max_values=1000)  # one slot a second, 2**15 of them
     with pytest.raises(ValueError):
         cls(float(slots), clock, slots=slots + 1)

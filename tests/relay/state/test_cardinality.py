@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 from relay.common.labels import Labels, make
-from relay.state.cardinality import CardinalityMetrics, DestinationStats, SeriesTracker
+from relay.state.cardinality import CardinalityMetrics, DestinationStats
+from relay.state.series_tracker import SeriesTracker
 
 
 class Clock:

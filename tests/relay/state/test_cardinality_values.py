@@ -15,8 +15,8 @@ import pytest
 
 from relay import native
 from relay.common.labels import Labels
-from relay.state import cardinality
-from relay.state.cardinality import CSeriesTracker, PySeriesTracker, SeriesTracker
+from relay.state import series_tracker
+from relay.state.series_tracker import CSeriesTracker, PySeriesTracker, SeriesTracker
 
 IMPLS: list[type[SeriesTracker]] = [PySeriesTracker]
 if native.load("cstage") is not None:
@@ -135,9 +135,9 @@ def test_many_spans_of_2_16_slots_with_labels_noted_in_each(make: Callable[..., 
 
 def test_more_than_2_15_slots_a_window_are_refused(make: Callable[..., SeriesTracker]) -> None:
     clock = Clock()
-    assert make(clock, slots=cardinality.MAX_SLOTS).active() == 0
+    assert make(clock, slots=series_tracker.MAX_SLOTS).active() == 0
     with pytest.raises(ValueError, match="at most 32768"):
-        make(clock, slots=cardinality.MAX_SLOTS + 1)
+        make(clock, slots=series_tracker.MAX_SLOTS + 1)
 
 
 @pytest.mark.skipif(CSeriesTracker not in IMPLS, reason="relay.native._cstage not in use")

@@ -26,7 +26,7 @@ from relay.rules import label_codec, relabel_regexp, rule_plan
 from relay.rules.relabel import RelabelConfig, parse_relabel_config, process
 from relay.rules.rule_plan import RulePlan
 from relay.state import aggregate, limits
-from relay.state import pipeline as pipeline_mod
+from relay.state import decide as decide_mod
 from relay.state import stage as stage_mod
 from relay.state.cardinality import CardinalityMetrics, DestinationStats
 from relay.state.limits import AmpLimits, amp_violation
@@ -503,7 +503,7 @@ def test_the_drop_by_name_answer_is_off_where_the_name_alone_does_not_decide(con
 
 
 def test_the_drop_by_name_memo_never_holds_more_than_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pipeline_mod, "_MAX_SHORT_MEMO", 3)
+    monkeypatch.setattr(decide_mod, "_MAX_SHORT_MEMO", 3)
     p = _one_destination({"source_labels": ["__name__"], "regex": "m1", "action": "keep"})
     for i in range(10):
         assert p.decide(_key(__name__=f"n{i}"))[1:] == (stage_mod.RULES,)
@@ -563,7 +563,7 @@ def test_the_external_labels_short_path_is_off_where_anything_else_changes_a_ser
 
 
 def test_the_external_labels_place_memo_never_holds_more_than_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pipeline_mod, "_MAX_SHORT_MEMO", 3)
+    monkeypatch.setattr(decide_mod, "_MAX_SHORT_MEMO", 3)
     p = pipeline(Config(external_labels=(("cluster", "c"),), destinations=(
         DestinationConfig(name="d", url="http://127.0.0.1:1/w"),)), AmpLimits())
     for i in range(10):
@@ -607,7 +607,7 @@ def test_the_short_path_memos_keep_no_hostile_metric_name_or_label_names() -> No
     assert p.decide(key) == ref_decide(p, key, {}) and p._name_drops == {}  # decided, not kept
     q = pipeline(Config(external_labels=(("cluster", "c"),), destinations=(
         DestinationConfig(name="d", url="http://127.0.0.1:1/w"),)), AmpLimits(max_name_len=1 << 20))
-    key = wire.encode_labels((("__name__", "m"), ("l" * (pipeline_mod._MAX_MEMO_NAME_CHARS + 1), "v")))
+    key = wire.encode_labels((("__name__", "m"), ("l" * (decide_mod._MAX_MEMO_NAME_CHARS + 1), "v")))
     assert q.decide(key) == ref_decide(q, key, {}) and q._ext_at == {}
     key = _key(__name__="m", pod="p")
     q.decide(key)

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relay.common.labels import Labels, make
-from relay.state.cardinality import SeriesTracker
 from relay.state.limits import AmpLimits, CollisionDetector, SeriesLimiter, amp_violation
+from relay.state.series_tracker import SeriesTracker
 
 
 class Clock:

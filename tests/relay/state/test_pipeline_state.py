@@ -22,9 +22,10 @@ from relay.delivery.queue.durable import DurableQueue
 from relay.ingest import wire
 from relay.proto import remote_v1_pb2
 from relay.state.cardinality import CardinalityMetrics, DestinationStats
+from relay.state.metadata import metadata_entries
 from relay.state.pipeline import AGGREGATE_GRACE_MS, Pipeline
 from relay.state.stage import decode_labels as pipeline_decode_labels
-from relay.state.stage import decode_labels_canonical, metadata_entries
+from relay.state.stage import decode_labels_canonical
 from tests.relay.state.test_pipeline import T0, Clock, Harness, MakeHarness, S, _config, _metadata_entry, harnesses
 
 
