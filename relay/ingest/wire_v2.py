@@ -172,6 +172,8 @@ def _exemplar(e: v2pb.Exemplar, symbols: _Symbols, room: int) -> bytes:
 def _metadata(ts: v2pb.TimeSeries, symbols: _Symbols) -> tuple[str, bytes] | None:
     """(family name, WriteRequest field-3 MetricMetadata entry), or None when there is nothing to say."""
     md = ts.metadata
+    if md.type < 0:  # an int32 enum read from a negative varint: no MetricType (the C twin declines it too)
+        raise WireError(400, f"invalid metadata type {md.type}: TimeSeries.metadata.type must be 0-7")
     help_text = symbols.get(md.help_ref, "metadata help_ref")
     unit = symbols.get(md.unit_ref, "metadata unit_ref")
     refs = ts.labels_refs

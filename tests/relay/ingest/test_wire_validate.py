@@ -321,3 +321,22 @@ def test_v2_to_v1_output_just_under_the_limit_passes() -> None:
     with pytest.raises(wire.WireError) as err:
         wire.v2_to_v1(raw, len(v1) - 1)
     assert err.value.status == 413
+
+
+def test_a_rw2_metadata_type_that_is_a_negative_varint_is_a_400_naming_the_field() -> None:
+    """Issue 20 point 12: the 52-byte body that was a 503 and a traceback (ValueError), both cores."""
+    from relay.ingest import wire_v2
+
+    r = v2pb.Request()
+    r.symbols.extend(["", "__name__", "m", "help"])
+    ts = r.timeseries.add()
+    ts.labels_refs.extend([1, 2])
+    s = ts.samples.add()
+    s.value, s.timestamp = 1.0, 1000
+    ts.metadata.type = cast(Any, -1)
+    ts.metadata.help_ref = 3
+    for transcode in (wire_v2.v2_to_v1, wire_v2.py_v2_to_v1):
+        with pytest.raises(wire.WireError) as e:
+            transcode(r.SerializeToString())
+        assert e.value.status == 400
+        assert "TimeSeries.metadata.type" in str(e.value) and "-1" in str(e.value)
