@@ -17,10 +17,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from exporter import devices as device_selection
+from exporter import exp_counters
 from exporter.backend import BackendError, DeviceInfo, GpuBackend
 from exporter.collector import XID_ERRORS, Collector
-from exporter.counters_csv import CountersError, filter_supported, load_counters
+from exporter.counters_csv import CountersError, default_path, filter_supported, load_counters
 from exporter.fields import FIELDS
+from exporter.hpc import HpcJobMap
 from exporter.render import PodLabels
 from exporter.server import Server
 from exporter.settings import Settings, SettingsError, load_settings
@@ -44,7 +46,7 @@ def make_backend(settings: Settings) -> GpuBackend:
     if cls is None:
         raise BackendError(f"{module} provides no backend class")
     if settings.backend == "simulated":
-        return cast(GpuBackend, cls(n_gpus=settings.simulate_gpus))
+        return cast(GpuBackend, cls(n_gpus=settings.simulate_gpus, workloads=dict(settings.simulate_workloads)))
     return cast(GpuBackend, cls())
 
 
@@ -82,7 +84,26 @@ def _pod_source(settings: Settings, backend: GpuBackend) -> tuple[PodsFn, Callab
         max_age_s=settings.pod_attribution_max_age_s,
     )
     src.start()
-    return src.get, lambda: int(src.errors), src
+    get: PodsFn = src.get
+    if settings.pod_uid or settings.pod_labels:
+        get = _with_metadata(settings, src)
+    return get, lambda: int(src.errors), src
+
+
+def _with_metadata(settings: Settings, src: Any) -> PodsFn:
+    """Pod UID / labels from the API server on top of the kubelet's answer (exporter.podmeta)."""
+    from exporter.podmeta import PodMetadata
+    from telemetry_common.kubeapi import KubeClient
+    from telemetry_common.kubeconfig import KubeConfigError, resolve
+
+    try:
+        client = KubeClient(resolve(None, os.environ), timeout=10.0, user_agent="gpu-exporter")
+    except KubeConfigError as exc:
+        log.warning("pod UID/labels need the API server, which is not configured (%s): not added", exc)
+        return cast(PodsFn, src.get)
+    meta = PodMetadata(client, uid=settings.pod_uid, labels=settings.pod_labels)
+    meta.start()
+    return lambda: meta.enrich(src.get())
 
 
 def _install_signals(stop: threading.Event) -> None:
@@ -107,8 +128,9 @@ def main(
     logs.configure(settings.log_format, settings.log_level, sys.stderr)
     for warning in settings.warnings:
         log.warning(warning)
+    collectors = settings.collectors if settings.collectors is not None else default_path()
     try:
-        specs = load_counters(settings.collectors)
+        specs = load_counters(collectors)
         web = load_web_config(settings.web_config_file) if settings.web_config_file else WebConfig()
     except (CountersError, WebConfigError) as exc:
         print(f"gpu-exporter: error: {exc}", file=sys.stderr)
@@ -130,13 +152,17 @@ def main(
         return EXIT_BACKEND
     try:
         devices = backend.devices()
-        wanted = [s.field for s in specs if s.kind != "label"]
+        wanted = [s.read_as for s in specs if s.kind != "label"]
         supported = _probe_answering(backend, devices, wanted)
     except BackendError as exc:
         print(f"gpu-exporter: error: {settings.backend} backend: {exc}", file=sys.stderr)
         return EXIT_BACKEND
+    for spec in [s for s in specs if s.field in exp_counters.UNAVAILABLE]:
+        log.warning("Skipping line %d ('%s'): %s", spec.line, spec.field, exp_counters.UNAVAILABLE[spec.field])
+        specs.remove(spec)
     if supported:
-        specs = filter_supported(specs, set().union(*supported.values()) | {XID_ERRORS}, log)
+        own = {XID_ERRORS} | exp_counters.IMPLEMENTED
+        specs = filter_supported(specs, set().union(*supported.values()) | own, log)
     else:  # nothing to probe: keep every row; each GPU is probed when it answers (the collector)
         log.warning("no GPU answered at start: keeping the whole counter set until one does")
 
@@ -154,6 +180,12 @@ def main(
             kubelet_errors=kubelet_errors,
             backend_name=settings.backend,
             supported=supported,
+            exp=exp_counters.ExpCounters(
+                [s.field for s in specs], xids, xid_window_ms=settings.xid_window_ms,
+                clock_events_window_ms=settings.clock_events_window_ms, p2p=getattr(backend, "p2p_status", None),
+            ),
+            hpc=HpcJobMap(settings.hpc_job_mapping_dir) if settings.hpc_job_mapping_dir else None,
+            replace_blanks=settings.replace_blanks,
         )
     except BackendError as exc:
         print(f"gpu-exporter: error: {settings.backend} backend: {exc}", file=sys.stderr)

@@ -12,6 +12,12 @@ scrape path.
 MIG: the layout is re-read from the backend every cycle; how a GPU's answer becomes rows (GPU-wide
 fields on every GPU instance, pods, XID labels) is :mod:`exporter.collector_rows`.
 
+CSV names: a row listing an alias or a dcgm-exporter 1.x name is read as its field
+(``CounterSpec.read_as``) and rendered under the listed name. Extras, each optional: the
+``DCGM_EXP_*`` rows (:mod:`exporter.exp_counters`), the HPC job mapping (:mod:`exporter.hpc`),
+``gpu_exporter_compute_processes`` when the backend counts processes (:mod:`exporter.processes`),
+and ``--replace-blanks-in-model-name`` (``NVIDIA H100`` -> ``NVIDIA-H100`` in ``modelName``).
+
 Health: ``health()`` is liveness (False only when no cycle completed for 3 intervals); ``readiness()``
 is False also when no GPU is up. Both name each down GPU and why.
 """
@@ -35,9 +41,12 @@ from exporter.backend import (
     MigInstance,
     Value,
 )
-from exporter.collector_rows import DRIVER_VERSION, XID_ERRORS, PodMap, gpu_rows, label_values, xid_labels
+from exporter.collector_rows import DRIVER_VERSION, XID_ERRORS, PodMap, RowBuilder, label_values, xid_labels
+from exporter.exp_counters import ExpCounters
 from exporter.exposition import EMPTY, STALE_INTERVALS, DownGpu, Exposition, liveness_of, readiness_of
 from exporter.gpu_reader import GpuReader
+from exporter.hpc import HpcJobMap
+from exporter.processes import SPEC, ProcessCount
 from exporter.render import Row, SeriesSpec, entity_labels, render_series
 from exporter.selfmetrics import BuildInfo, DeviceStat, SelfState, Unavailable, render_self_metrics
 from exporter.xid import XidState
@@ -62,6 +71,7 @@ class _Result:
     error: BaseException | None = None
     fields: frozenset[str] | None = None  # newly probed fields (a GPU that was down at start)
     duration_s: float = 0.0
+    processes: Mapping[Entity, ProcessCount] | None = None
 
 
 @dataclass(slots=True)
@@ -101,6 +111,9 @@ class Collector:
         backend_name: str = "unknown",
         supported: Mapping[int, set[str]] | None = None,
         read_timeout_s: float | None = None,
+        exp: ExpCounters | None = None,
+        hpc: HpcJobMap | None = None,
+        replace_blanks: bool = False,
     ) -> None:
         """``supported``: per-GPU supported fields when the caller already probed them.
         ``read_timeout_s``: how long one cycle waits for a GPU's read (default: the interval, at
@@ -113,14 +126,22 @@ class Collector:
         self._wall_clock = wall_clock
         self._hostname = hostname
         self.xids = xids if xids is not None else XidState()
+        read_as = {s.field: getattr(s, "read_as", s.field) for s in counters}
+        self._builder = RowBuilder(self.xids, {n: src for n, src in read_as.items() if n != src}, exp)
+        if integer_fields is not None:
+            integer_fields |= {n for n, src in self._builder.renames.items() if src in integer_fields}
         self._integer_fields = integer_fields
+        self._hpc, self._replace_blanks = hpc, replace_blanks
+        self._procs_fn = getattr(backend, "compute_processes", None)
         self._kubelet_errors_fn = kubelet_errors
         self._kubelet_errors = 0
         self._build = BuildInfo(package_version(), platform.python_version(), backend_name)
         self._specs = [s for s in counters if s.kind != "label"]
         self._label_names = [s.field for s in counters if s.kind == "label"]
         self._driver = backend.driver_version()
-        self._wanted = frozenset(s.field for s in self._specs)
+        self._wanted = frozenset(read_as[s.field] for s in self._specs) | (exp.needs() if exp else frozenset())
+        if callable(self._procs_fn):
+            self._specs.append(SPEC)
         set_interval = getattr(backend, "set_interval", None)
         if callable(set_interval):
             set_interval(interval_s)
@@ -155,12 +176,15 @@ class Collector:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._started_at = clock()
+        self._jobs: dict[str, list[str]] | None = None
         self.exposition = EMPTY
 
     def _entities(
         self, d: DeviceInfo, lf: Mapping[str, str]
     ) -> tuple[tuple[Entity, str, tuple[str, ...]], ...]:
         units: list[tuple[Entity, str, tuple[str, ...]]] = []
+        if self._replace_blanks:  # dcgm-exporter: strings.Fields, joined by "-"
+            d = replace(d, name="-".join(d.name.split()))
         by_id: list[MigInstance] = sorted(d.mig, key=lambda m: m.gpu_instance_id)
         migs: list[MigInstance | None] = list(by_id) if by_id else [None]
         for mig in migs:
@@ -194,6 +218,7 @@ class Collector:
         the cached snapshot; returns it."""
         with self._lock:
             pods = self._fetch_pods()
+            self._jobs = self._hpc.read() if self._hpc is not None else None
             self._read_all()
             self._refresh_devices()
             rows: list[Row] = []
@@ -225,6 +250,8 @@ class Collector:
                 box.fields = frozenset(self._backend.supported_fields(gpu, sorted(self._wanted)))
                 data = self._backend.read(gpu, box.fields & self._wanted)
             box.data = data
+            if callable(self._procs_fn):
+                box.processes = self._procs_fn(gpu)
         except Exception as exc:
             box.error = exc
         box.duration_s = time.perf_counter() - t0
@@ -284,7 +311,8 @@ class Collector:
     def _rows(self, g: _Gpu, pods: PodMap) -> list[Row]:
         if not g.up:
             return []
-        return gpu_rows(g.device, g.entities, g.result.data or {}, pods, self.xids, XID_ERRORS in g.fields)
+        return self._builder.rows(g.device, g.entities, g.result.data or {}, g.result.processes, pods,
+                                  XID_ERRORS in g.fields, self._jobs)
 
     def _self_state(self) -> SelfState:
         xid_counts = {}

@@ -5,6 +5,10 @@ field (clocks, temperatures, power, energy, PCIe, remapped rows, XID, ...) is re
 instance's series, while FB and PROF fields are the instance's own. Time-sliced pods: one row set
 per pod holding the GPU (or any of a GPU instance's MIG UUIDs). XID: the last XID of the GPU, or of
 the GPU instance NVML named, with dcgm-exporter 4.8.2's ``err_code`` and ``err_msg`` labels.
+
+``RowBuilder`` adds, per cycle: the compute-process counts (withheld once NVML is seen blind), the
+values of CSV names that are aliases or 1.x names (``renames``: listed name -> field read), the HPC
+job rows and the ``DCGM_EXP_*`` rows.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from exporter.backend import DeviceInfo, Entity, Value, per_instance
-from exporter.render import PodLabels, Row, escape_label_value, with_pod
+from exporter.exp_counters import ExpCounters
+from exporter.processes import COMPUTE_PROCESSES, ProcessCount, Visibility
+from exporter.render import PodLabels, Row, with_pod
 from exporter.xid import XidState, xid_message
 
 DRIVER_VERSION = "DCGM_FI_DRIVER_VERSION"
@@ -46,17 +52,11 @@ def label_values(backend: object, d: DeviceInfo, driver: str, names: Sequence[st
     return out
 
 
-def xid_labels(prefix: str, pod: PodLabels | None, code: int) -> str:
+def xid_labels(prefix: str, pod: PodLabels | None, code: int, extra: Mapping[str, str] | None = None) -> str:
     """The XID row's labels: dcgm-exporter 4.8.2 adds ``err_code`` and ``err_msg`` attributes,
-    rendered with the pod attributes in sorted key order (container, err_code, err_msg, namespace,
-    pod, vgpu), as its Go template ranges over the attribute map."""
-    attrs = {"err_code": str(code), "err_msg": xid_message(code)}
-    if pod is not None:
-        attrs.update(container=pod.container, namespace=pod.namespace, pod=pod.pod)
-        vgpu = str(getattr(pod, "vgpu", "") or "")
-        if vgpu:
-            attrs["vgpu"] = vgpu
-    return prefix + "".join(f',{k}="{escape_label_value(v)}"' for k, v in sorted(attrs.items())) + "}"
+    rendered with the pod attributes in sorted key order (container, err_code, err_msg, hpc_job,
+    namespace, pod, pod_uid, vgpu), as its Go template ranges over the attribute map."""
+    return with_pod(prefix, pod, {**(extra or {}), "err_code": str(code), "err_msg": xid_message(code)})
 
 
 # (entity, static label prefix, pod keys: the GPU UUID or the GPU instance's MIG UUIDs)
@@ -70,8 +70,11 @@ def gpu_rows(
     pods: PodMap,
     xids: XidState,
     with_xid: bool,
+    hpc_jobs: Mapping[str, Sequence[str]] | None = None,
 ) -> list[Row]:
-    """The rows of one GPU that is up, from its backend answer ``data``."""
+    """The rows of one GPU that is up, from its backend answer ``data``. ``hpc_jobs``: the HPC job
+    mapping (``exporter.hpc``), key ``"<gpu>"`` or ``"<gpu>.<GPU instance id>"``: one row set per job
+    with an ``hpc_job`` attribute, as dcgm-exporter's hpcMapper does."""
     gpu = device.index
     mig = bool(device.mig)
     wide = {k: v for k, v in data.get(Entity(gpu), {}).items() if not (mig and per_instance(k))}
@@ -85,10 +88,19 @@ def gpu_rows(
         holders: list[PodLabels | None] = list(holders_of(pods, keys)) or [None]
         xid = xids.last(gpu, entity.gpu_instance_id) if with_xid else None
         for pod in holders:
-            rows.append(Row(with_pod(prefix, pod), values))
-            if xid is not None:
-                rows.append(Row(xid_labels(prefix, pod, xid), {XID_ERRORS: xid}))
+            for extra in job_attributes(hpc_jobs, entity):
+                rows.append(Row(with_pod(prefix, pod, extra), values))
+                if xid is not None:
+                    rows.append(Row(xid_labels(prefix, pod, xid, extra), {XID_ERRORS: xid}))
     return rows
+
+
+def job_attributes(hpc_jobs: Mapping[str, Sequence[str]] | None, entity: Entity) -> list[dict[str, str] | None]:
+    """``[{"hpc_job": job}, ...]`` for the entity's mapped jobs, else ``[None]`` (one row, no attribute)."""
+    if not hpc_jobs:
+        return [None]
+    key = str(entity.gpu) if entity.gpu_instance_id is None else f"{entity.gpu}.{entity.gpu_instance_id}"
+    return [{"hpc_job": job} for job in hpc_jobs.get(key, ())] or [None]
 
 
 def holders_of(pods: PodMap, keys: Sequence[str]) -> list[PodLabels]:
@@ -103,3 +115,39 @@ def holders_of(pods: PodMap, keys: Sequence[str]) -> list[PodLabels]:
             if pod not in out:
                 out.append(pod)
     return out
+
+
+class RowBuilder:
+    """A collector's per-cycle row assembly beyond ``gpu_rows`` (see the module docstring)."""
+
+    def __init__(self, xids: XidState, renames: Mapping[str, str], exp: ExpCounters | None = None) -> None:
+        self.xids = xids
+        self.renames = dict(renames)
+        self.exp = exp
+        self.visibility = Visibility()
+
+    def rows(
+        self,
+        device: DeviceInfo,
+        entities: Sequence[EntityUnit],
+        answer: Mapping[Entity, Mapping[str, Value]],
+        processes: Mapping[Entity, ProcessCount] | None,
+        pods: PodMap,
+        with_xid: bool,
+        hpc_jobs: Mapping[str, Sequence[str]] | None = None,
+    ) -> list[Row]:
+        data = dict(answer)
+        if processes is not None:
+            for entity, n in self.visibility.counts(processes).items():
+                if entity in data:
+                    data[entity] = {**data[entity], COMPUTE_PROCESSES: n}
+        if self.renames:
+            data = {e: {**v, **{n: v[src] for n, src in self.renames.items() if src in v}} for e, v in data.items()}
+        rows = gpu_rows(device, entities, data, pods, self.xids, with_xid, hpc_jobs)
+        if self.exp is not None and self.exp.names:
+            self.exp.observe(device.index, data.get(Entity(device.index), {}))
+            held: list[tuple[str, Sequence[PodLabels | None]]] = [
+                (prefix, list(holders_of(pods, keys)) or [None]) for _e, prefix, keys in entities
+            ]
+            rows.extend(self.exp.rows(device.index, held))
+        return rows

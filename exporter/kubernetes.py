@@ -75,6 +75,9 @@ class PodInfo:
     # the replica of a shared GPU (``--kubernetes-virtual-gpus`` only): "N" of ``GPU-<uuid>::N`` or
     # GKE's ``.../vgpuN``, dcgm-exporter's ``vgpu`` label; "" when none
     vgpu: str = ""
+    # from the API server (exporter.podmeta, --kubernetes-enable-pod-uid / -pod-labels); empty otherwise
+    uid: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 def holder_order(info: PodInfo) -> tuple[str, str, str, int, str]:

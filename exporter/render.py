@@ -100,22 +100,33 @@ def entity_labels(
     return labels_block(pairs)[:-1]
 
 
-def with_pod(prefix: str, pod: PodLabels | None) -> str:
-    """Close a static prefix, adding ``container,namespace,pod[,vgpu]`` (sorted, like Go maps) if held."""
-    if pod is None:
+def pod_attributes(pod: PodLabels | None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """dcgm-exporter's attributes of a row: ``container, namespace, pod`` of the holder, its
+    ``pod_uid`` (``--kubernetes-enable-pod-uid``) and ``vgpu`` when set, plus ``extra`` (``hpc_job``,
+    ``err_code``, ...)."""
+    attrs = dict(extra or {})
+    if pod is not None:
+        attrs.update(container=pod.container, namespace=pod.namespace, pod=pod.pod)
+        for key, attr in (("pod_uid", "uid"), ("vgpu", "vgpu")):
+            value = str(getattr(pod, attr, "") or "")
+            if value:
+                attrs[key] = value
+    return attrs
+
+
+def with_pod(prefix: str, pod: PodLabels | None, extra: Mapping[str, str] | None = None) -> str:
+    """Close a static prefix with the holder's pod labels (``--kubernetes-enable-pod-labels``,
+    sanitized keys, sorted; a key the row already has is left out, as dcgm-exporter does for
+    attributes) and the attributes (``pod_attributes``) in sorted key order, as Go ranges a map."""
+    if pod is None and not extra:
         return prefix + "}"
-    return (
-        f'{prefix},container="{escape_label_value(pod.container)}",'
-        f'namespace="{escape_label_value(pod.namespace)}",pod="{escape_label_value(pod.pod)}"'
-        f"{vgpu_label(pod)}}}"
+    attrs = pod_attributes(pod, extra)
+    pod_labels = sorted(getattr(pod, "labels", ()) or ())
+    own = "".join(
+        f',{k}="{escape_label_value(v)}"' for k, v in pod_labels
+        if k not in attrs and f',{k}="' not in prefix and not prefix.startswith(f'{{{k}="')
     )
-
-
-def vgpu_label(pod: PodLabels) -> str:
-    """``,vgpu="N"`` for a holder of one replica of a shared GPU (``--kubernetes-virtual-gpus``,
-    dcgm-exporter's ``vgpu`` attribute, last in sorted attribute order); "" otherwise."""
-    vgpu = str(getattr(pod, "vgpu", "") or "")
-    return f',vgpu="{escape_label_value(vgpu)}"' if vgpu else ""
+    return prefix + own + "".join(f',{k}="{escape_label_value(v)}"' for k, v in sorted(attrs.items())) + "}"
 
 
 def render_series(

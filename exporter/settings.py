@@ -60,6 +60,13 @@ class Settings:
     kubernetes_virtual_gpus: bool = False
     pod_attribution_max_age_s: float = 300.0
     openmetrics: bool = False
+    xid_window_ms: int = 300000
+    clock_events_window_ms: int = 300000
+    replace_blanks: bool = False
+    pod_labels: bool = False
+    pod_uid: bool = False
+    hpc_job_mapping_dir: str | None = None
+    simulate_workloads: tuple[tuple[int, str], ...] = ()
     warnings: tuple[str, ...] = ()  # dcgm-exporter flags accepted but not applicable, one line each
 
     @property
@@ -73,7 +80,8 @@ _SPEC: tuple[_Spec, ...] = (
     ("listen", ("--listen", "-a", "--address"), "GPU_EXPORTER_LISTEN", "DCGM_EXPORTER_LISTEN", DEFAULT_LISTEN,
      False, f"HTTP address (default {DEFAULT_LISTEN}; :9400 = all interfaces)"),
     ("collectors", ("--collectors", "-f"), "GPU_EXPORTER_COLLECTORS", "DCGM_EXPORTER_COLLECTORS", None, False,
-     "dcgm-exporter counters CSV (default: the built-in set)"),
+     "dcgm-exporter counters CSV (default: /etc/dcgm-exporter/default-counters.csv when it exists, "
+     "else the built-in set)"),
     ("interval", ("--interval",), "GPU_EXPORTER_INTERVAL", None, "5s", False,
      "collection period as a duration: 5s, 500ms, 1m"),
     ("interval_ms", ("--collect-interval", "-c"), None, "DCGM_EXPORTER_INTERVAL", None, False,
@@ -81,6 +89,9 @@ _SPEC: tuple[_Spec, ...] = (
     ("backend", ("--backend",), "GPU_EXPORTER_BACKEND", None, "nvml", False, "nvml (default) or simulated"),
     ("simulate_gpus", ("--simulate-gpus",), "GPU_EXPORTER_SIMULATE_GPUS", None, "8", False,
      "GPUs for --backend simulated (default 8)"),
+    ("simulate_workloads", ("--simulate-workloads",), "GPU_EXPORTER_SIMULATE_WORKLOADS", None, "", False,
+     "scripted GPUs for --backend simulated: 0:training,1:nccl_hang (training, idle, checkpoint, eval, "
+     "data_starved, nccl_hang, finished_holding)"),
     ("kubernetes", ("--kubernetes", "-k"), "GPU_EXPORTER_KUBERNETES", "DCGM_EXPORTER_KUBERNETES", "false", True,
      "add pod, namespace, container from the kubelet PodResources API"),
     ("pod_resources_socket", ("--pod-resources-socket", "--pod-resources-kubelet-socket"),
@@ -105,6 +116,24 @@ _SPEC: tuple[_Spec, ...] = (
      "", False, "exporter-toolkit web config (TLS, basic auth)"),
     ("openmetrics", ("--enable-openmetrics",), "GPU_EXPORTER_ENABLE_OPENMETRICS", None, "false", True,
      "serve OpenMetrics to scrapers that ask (default: classic text always, as dcgm-exporter)"),
+    ("xid_window", ("--xid-count-window-size", "-x"), "GPU_EXPORTER_XID_COUNT_WINDOW_SIZE",
+     "DCGM_EXPORTER_XID_COUNT_WINDOW_SIZE", "300000", False,
+     "window in milliseconds of DCGM_EXP_XID_ERRORS_COUNT (default 300000)"),
+    ("clock_events_window", ("--clock-events-count-window-size",), "GPU_EXPORTER_CLOCK_EVENTS_COUNT_WINDOW_SIZE",
+     "DCGM_EXPORTER_CLOCK_EVENTS_COUNT_WINDOW_SIZE", "300000", False,
+     "window in milliseconds of DCGM_EXP_CLOCK_EVENTS_COUNT (default 300000)"),
+    ("replace_blanks", ("--replace-blanks-in-model-name", "-rbmn"), "GPU_EXPORTER_REPLACE_BLANKS_IN_MODEL_NAME",
+     "DCGM_EXPORTER_REPLACE_BLANKS_IN_MODEL_NAME", "false", True,
+     "modelName with '-' for blanks: NVIDIA-H100-80GB-HBM3"),
+    ("pod_labels", ("--kubernetes-enable-pod-labels",), "GPU_EXPORTER_KUBERNETES_ENABLE_POD_LABELS",
+     "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS", "false", True,
+     "add the holder pod's labels (sanitized names) from the API server (RBAC: get pods)"),
+    ("pod_uid", ("--kubernetes-enable-pod-uid",), "GPU_EXPORTER_KUBERNETES_ENABLE_POD_UID",
+     "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID", "false", True,
+     "add pod_uid from the API server (RBAC: get pods)"),
+    ("hpc_job_mapping_dir", ("--hpc-job-mapping-dir",), "GPU_EXPORTER_HPC_JOB_MAPPING_DIR",
+     "DCGM_HPC_JOB_MAPPING_DIR", "", False,
+     "directory of files named by GPU id ('0', '2.1' for a MIG instance), one job id a line: hpc_job"),
     ("log_level", ("--log-level",), "GPU_EXPORTER_LOG_LEVEL", None, "info", False,
      "debug, info (default), warning, error"),
     ("debug", ("--debug",), "GPU_EXPORTER_DEBUG", "DCGM_EXPORTER_DEBUG", "false", True,
@@ -125,22 +154,11 @@ _NOT_APPLICABLE: tuple[tuple[tuple[str, ...], str, bool, str, str], ...] = (
     (("--cpu-devices", "-p"), "DCGM_EXPORTER_CPU_DEVICES_STR", False, "f", "CPUs are not monitored"),
     (("--switch-devices", "-s"), "DCGM_EXPORTER_OTHER_DEVICES_STR", False, "f", "NVSwitches are not monitored"),
     (("--fake-gpus",), "DCGM_EXPORTER_USE_FAKE_GPUS", True, "false", "use --backend simulated"),
-    (("--xid-count-window-size", "-x"), "DCGM_EXPORTER_XID_COUNT_WINDOW_SIZE", False, "300000",
-     "the XID count window is fixed"),
-    (("--replace-blanks-in-model-name", "-rbmn"), "DCGM_EXPORTER_REPLACE_BLANKS_IN_MODEL_NAME", True, "false",
-     "modelName is written as NVML reports it"),
-    (("--clock-events-count-window-size",), "DCGM_EXPORTER_CLOCK_EVENTS_COUNT_WINDOW_SIZE", False, "300000",
-     "clock-event counting is not implemented"),
     (("--enable-dcgm-log",), "DCGM_EXPORTER_ENABLE_DCGM_LOG", True, "false", "there is no DCGM log"),
     (("--dcgm-log-level",), "DCGM_EXPORTER_DCGM_LOG_LEVEL", False, "NONE", "there is no DCGM log"),
-    (("--kubernetes-enable-pod-labels",), "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS", True, "false",
-     "pod labels need the API server; only pod, namespace, container are added"),
-    (("--kubernetes-enable-pod-uid",), "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID", True, "false",
-     "the pod UID label is not added"),
     (("--kubernetes-pod-label-allowlist-regex",), "DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX", False, "",
-     "pod labels are not added"),
+     "no allowlist: --kubernetes-enable-pod-labels adds every label of the pod"),
     (("--kubernetes-enable-dra",), "KUBERNETES_ENABLE_DRA", True, "false", "DRA claims are not attributed"),
-    (("--hpc-job-mapping-dir",), "DCGM_HPC_JOB_MAPPING_DIR", False, "", "HPC job mapping is not implemented"),
     (("--dump-enabled",), "DCGM_EXPORTER_DUMP_ENABLED", True, "false", "debug dumps are not implemented"),
     (("--dump-directory",), "DCGM_EXPORTER_DUMP_DIRECTORY", False, "/tmp/dcgm-exporter-debug",
      "debug dumps are not implemented"),
@@ -184,6 +202,14 @@ def parse_milliseconds(name: str, text: str) -> float:
     if int(value) < 50:
         raise SettingsError(name, text, "interval must be at least 50ms")
     return int(value) / 1000.0
+
+
+def parse_window(name: str, text: str) -> int:
+    """dcgm-exporter's ``-x`` / ``--clock-events-count-window-size``: a positive integer of ms."""
+    value = text.strip()
+    if not value.isdigit() or int(value) < 1:
+        raise SettingsError(name, text, "expected a positive integer number of milliseconds")
+    return int(value)
 
 
 def parse_listen(name: str, text: str) -> tuple[str, int]:
@@ -315,6 +341,13 @@ def load_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         pod_attribution_max_age_s=parse_duration(source["pod_attribution_max_age"],
                                                  text("pod_attribution_max_age"), minimum_s=0.0),
         openmetrics=parse_bool(source["openmetrics"], text("openmetrics")),
+        xid_window_ms=parse_window(source["xid_window"], text("xid_window")),
+        clock_events_window_ms=parse_window(source["clock_events_window"], text("clock_events_window")),
+        replace_blanks=parse_bool(source["replace_blanks"], text("replace_blanks")),
+        pod_labels=parse_bool(source["pod_labels"], text("pod_labels")),
+        pod_uid=parse_bool(source["pod_uid"], text("pod_uid")),
+        hpc_job_mapping_dir=text("hpc_job_mapping_dir") or None,
+        simulate_workloads=_workloads(source["simulate_workloads"], text("simulate_workloads"), int(gpus_text)),
         warnings=warnings,
     )
 
@@ -332,6 +365,15 @@ def _interval(
     if "DCGM_EXPORTER_INTERVAL" in env:
         return parse_milliseconds("DCGM_EXPORTER_INTERVAL", env["DCGM_EXPORTER_INTERVAL"])
     return parse_duration(source["interval"], raw["interval"] or "5s")
+
+
+def _workloads(name: str, text: str, n_gpus: int) -> tuple[tuple[int, str], ...]:
+    from exporter.workloads import parse_workloads
+
+    try:
+        return tuple(sorted(parse_workloads(text, n_gpus).items()))
+    except ValueError as exc:
+        raise SettingsError(name, text, str(exc)) from None
 
 
 def resolve_hostname(env: Mapping[str, str]) -> str:

@@ -1,6 +1,7 @@
 """XID events: a thread waiting on ``backend.wait_xid`` that keeps the last XID per GPU and per MIG
 GPU instance (what ``DCGM_FI_DEV_XID_ERRORS`` reports, 0 until one happens, like DCGM) and a
-reset-free count per (GPU, XID) for ``gpu_exporter_xid_errors_total``.
+reset-free count per (GPU, XID) for ``gpu_exporter_xid_errors_total``, and the recent events with
+their time (the last ``MAX_RECENT``) for ``DCGM_EXP_XID_ERRORS_COUNT``'s window.
 
 An event NVML ties to a GPU instance (``nvmlEventData_t.gpuInstanceId``) lands on that instance's
 series only; a GPU-wide event on the GPU and every instance of it. ``xid_message`` gives
@@ -13,6 +14,8 @@ import itertools
 import json
 import logging
 import threading
+import time
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from functools import cache
 from importlib import resources
@@ -22,6 +25,7 @@ from exporter.backend import XidEvent
 
 log = logging.getLogger(__name__)
 UNKNOWN_XID = "Unknown Error"  # dcgm-exporter's err_msg for a code outside its table
+MAX_RECENT = 4096  # timed events kept for windowed counts (an XID storm beyond it counts the newest)
 
 
 @cache
@@ -42,16 +46,25 @@ class XidSource(Protocol):
 class XidState:
     """Thread-safe last XID per (gpu, GPU instance or None) and counts per (gpu, xid)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
+        self._clock = clock
         self._seq = itertools.count(1)
         self._last: dict[tuple[int, int | None], tuple[int, int]] = {}  # -> (sequence, xid)
         self._counts: dict[tuple[int, int], int] = {}
+        self._recent: deque[tuple[float, int, int]] = deque(maxlen=MAX_RECENT)  # (clock, gpu, xid)
 
     def record(self, gpu: int, xid: int, gpu_instance: int | None = None) -> None:
         with self._lock:
             self._last[(gpu, gpu_instance)] = (next(self._seq), xid)
             self._counts[(gpu, xid)] = self._counts.get((gpu, xid), 0) + 1
+            self._recent.append((self._clock(), gpu, xid))
+
+    def window(self, gpu: int, window_s: float) -> Counter[int]:
+        """XID code -> events on the GPU (any of its instances) in the last ``window_s`` seconds."""
+        since = self._clock() - window_s
+        with self._lock:
+            return Counter(x for t, g, x in self._recent if g == gpu and t >= since)
 
     def last(self, gpu: int, gpu_instance: int | None = None) -> int:
         """The latest XID for the GPU (``gpu_instance`` None) or for one of its GPU instances: the

@@ -26,8 +26,7 @@ three also re-initialise NVML once (shutdown + init) on the next read, after whi
 re-acquires its handle: a driver reload needs no restart. Only "NVML cannot start or list GPUs" is
 a ``BackendError``. Any other error leaves that field absent for the pass.
 
-The field tables, the pass plan and the value conversions are in :mod:`exporter.nvml_fields`; the
-per-GPU state and the probe in :mod:`exporter.nvml_probe`.
+Field tables, pass plan, conversions: :mod:`exporter.nvml.fields`; state and probe: :mod:`exporter.nvml.probe`.
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from dataclasses import replace
 from typing import Any
 
 from exporter.backend import BackendError, DeviceInfo, Entity, GpuLostError, MigInstance, Value, XidEvent
+from exporter.nvml import processes as nvml_processes
 from exporter.nvml.devices import DOWN_ERRORS, REINIT_ERRORS, device_info, error_name, init_message, mig_layout
 from exporter.nvml.fields import (
     FIELD_VALUES,
@@ -66,13 +66,10 @@ from exporter.nvml.gpm import GpmSampler
 from exporter.nvml.probe import GpuState, PassStats, probe_gpu
 from exporter.nvml.xid import XidEvents
 
-__all__ = [
-    "FIELD_VALUES", "GETTERS", "GPM_FIELDS", "GROUP_FIELDS", "LABELS", "MIB", "RATE_FIELDS", "STATIC", "UINT_MAX",
-    "FieldValue", "Getter", "NvmlBackend", "RateField",
-]  # fmt: skip
+__all__ = ["FIELD_VALUES", "GETTERS", "GPM_FIELDS", "GROUP_FIELDS", "LABELS", "MIB", "RATE_FIELDS", "STATIC",
+           "UINT_MAX", "FieldValue", "Getter", "NvmlBackend", "RateField"]  # fmt: skip
 
 log = logging.getLogger("exporter.nvml")
-
 
 
 class NvmlBackend:
@@ -371,6 +368,12 @@ class NvmlBackend:
         if plan.mig_gpm:
             values.update(self._gpm_pass(gpu, g, gi, plan.mig_gpm, stats))
         return {k: v for k, v in values.items() if k in plan.wanted}
+
+    def compute_processes(self, gpu: int) -> dict[Entity, nvml_processes.ProcessCount]:
+        return nvml_processes.compute_processes(self._nvml, gpu, self._gpu(gpu).handle, self._gpu(gpu).mig_handles)
+
+    def p2p_status(self, gpu: int) -> dict[int, int]:
+        return nvml_processes.p2p_status(self._nvml, gpu, {g.info.index: g.handle for g in self._gpus})
 
     # --- XID -----------------------------------------------------------------------------------
 

@@ -160,7 +160,7 @@ def test_every_dcgm_exporter_4_8_2_flag_alias_and_env_is_accepted(
         ([], {"DCGM_EXPORTER_CONFIGMAP_DATA": "ns:cm"},
          "DCGM_EXPORTER_CONFIGMAP_DATA=ns:cm is a dcgm-exporter setting"),
         ([], {"DCGM_REMOTE_HOSTENGINE_INFO": "host:5555"}, "DCGM_REMOTE_HOSTENGINE_INFO=host:5555"),
-        (["--kubernetes-enable-pod-labels"], {}, "--kubernetes-enable-pod-labels=true"),
+        (["--kubernetes-enable-dra"], {}, "--kubernetes-enable-dra=true"),
         ([], {"DCGM_EXPORTER_DUMP_COMPRESSION": "false"}, "DCGM_EXPORTER_DUMP_COMPRESSION=false"),
     ],
 )
