@@ -5,6 +5,8 @@ move with the injected clock: a training GPU ramps its memory to ~20 GB, runs at
 data-loading dips and a checkpoint pause every 5 minutes, draws ~690 W power-capped at ~1440 MHz
 (1980 MHz boost when the cap lets go), and heats from 31 to 56 C with a one-minute lag. Every
 fourth GPU holds its memory but does no work (a stuck job) so dashboards show contrast.
+``workloads={0: "nccl_hang", ...}`` scripts a GPU instead (:mod:`exporter.workloads`: training, idle,
+checkpoint, eval, data_starved, nccl_hang, finished_holding), its compute process count included.
 
 State advances in fixed one-second steps, so the values at a time ``t`` are a pure function of
 ``(seed, t)`` whatever the read schedule. The energy counter is the exact integral of power.
@@ -28,7 +30,18 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from exporter import workloads as wl
 from exporter.backend import DeviceInfo, Entity, GpuLostError, MigInstance, Value, XidEvent
+from exporter.processes import ProcessCount
+from exporter.simulated_fields import (
+    GPM_BYTES,
+    GPM_FIELDS,
+    MIG_INSTANCE_FIELDS,
+    MIG_PARENT_ABSENT,
+    SUPPORTED,
+)
+
+__all__ = ["SUPPORTED", "SimulatedBackend", "load_recording", "parse_profile"]
 
 MIB = 1048576
 STEP_S = 1.0
@@ -36,53 +49,6 @@ MAX_CATCH_UP_STEPS = 3600  # a longer clock jump restarts from the steady state
 _PCI_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)  # an HGX 8-GPU board
 _GI_IDS = {7: (0,), 4: (1,), 3: (1, 2), 2: (3, 4, 5), 1: (7, 8, 9, 10, 11, 12, 13)}
 _PROFILE = re.compile(r"^([1-7])g\.(\d+)gb$")
-
-_GPM_FIELDS = {  # DCGM field -> GPM metric name in the recording, and the unit conversion
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "GRAPHICS_UTIL",
-    "DCGM_FI_PROF_SM_ACTIVE": "SM_UTIL",
-    "DCGM_FI_PROF_SM_OCCUPANCY": "SM_OCCUPANCY",
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "ANY_TENSOR_UTIL",
-    "DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE": "HMMA_TENSOR_UTIL",
-    "DCGM_FI_PROF_DRAM_ACTIVE": "DRAM_BW_UTIL",
-    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": "FP64_UTIL",
-    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": "FP32_UTIL",
-    "DCGM_FI_PROF_PIPE_FP16_ACTIVE": "FP16_UTIL",
-}
-_GPM_BYTES = {
-    "DCGM_FI_PROF_PCIE_TX_BYTES": "PCIE_TX_PER_SEC",  # MiB/s -> bytes/s
-    "DCGM_FI_PROF_PCIE_RX_BYTES": "PCIE_RX_PER_SEC",
-}
-_MIG_PARENT_ABSENT = frozenset(
-    {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL"}
-    | set(_GPM_FIELDS) | set(_GPM_BYTES)
-)
-_MIG_INSTANCE_FIELDS = frozenset(
-    {"DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED", "DCGM_FI_DEV_FB_TOTAL"}
-    | set(_GPM_FIELDS)
-)
-# What the recorded H200 supports, as DCGM fields (retired pages, fan and NVLink are not).
-SUPPORTED: frozenset[str] = frozenset(
-    {
-        "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_VIDEO_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP",
-        "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_POWER_USAGE_INSTANT",
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_GPU_UTIL",
-        "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL", "DCGM_FI_DEV_XID_ERRORS",
-        "DCGM_FI_DEV_FB_TOTAL", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED",
-        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-        "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ROW_REMAP_PENDING", "DCGM_FI_DEV_MAX_SM_CLOCK",
-        "DCGM_FI_DEV_MAX_MEM_CLOCK", "DCGM_FI_DEV_SLOWDOWN_TEMP", "DCGM_FI_DEV_SHUTDOWN_TEMP",
-        "DCGM_FI_DEV_POWER_MGMT_LIMIT", "DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "DCGM_FI_DEV_PSTATE",
-        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_PCIE_LINK_GEN", "DCGM_FI_DEV_PCIE_LINK_WIDTH",
-        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
-        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "DCGM_FI_DEV_POWER_VIOLATION", "DCGM_FI_DEV_THERMAL_VIOLATION",
-        "DCGM_FI_DEV_SYNC_BOOST_VIOLATION", "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION",
-        "DCGM_FI_DEV_LOW_UTIL_VIOLATION", "DCGM_FI_DEV_RELIABILITY_VIOLATION",
-        "DCGM_FI_DRIVER_VERSION", "DCGM_FI_NVML_VERSION", "DCGM_FI_DEV_SERIAL", "DCGM_FI_DEV_VBIOS_VERSION",
-        "DCGM_FI_DEV_INFOROM_IMAGE_VER", "DCGM_FI_DEV_NAME", "DCGM_FI_DEV_UUID", "DCGM_FI_DEV_PCI_BUSID",
-        *_GPM_FIELDS, *_GPM_BYTES,
-    }
-)
-
 
 def load_recording() -> dict[str, Any]:
     """The compact H200 recording shipped with the package."""
@@ -129,6 +95,7 @@ class SimulatedBackend:
         seed: int = 0,
         mig: Mapping[int, Sequence[str]] | None = None,
         hostname_seed: str = "sim",
+        workloads: Mapping[int, str] | None = None,
     ) -> None:
         if n_gpus < 0:
             raise ValueError(f"n_gpus must be >= 0, got {n_gpus}")
@@ -142,6 +109,7 @@ class SimulatedBackend:
         self._fb_job = int(self._rec["load"]["memory_v2"]["used"]) // MIB
         self._idle_w = float(self._rec["idle"]["power_mw"]) / 1000.0
         self._load_w = float(self._rec["load"]["power_mw"]) / 1000.0
+        self._workloads = dict(workloads or {})
         self._lost: set[int] = set()
         self._xids: list[tuple[int, int]] = []
         self._cond = threading.Condition()
@@ -245,19 +213,29 @@ class SimulatedBackend:
         while st.step < target:
             ts = st.step * STEP_S
             act = self._activity(gpu, ts)
-            power = self._power(act, self._fb_used(gpu, ts) > 0)
+            power = self._power_at(gpu, ts, act)
             st.energy_mj += power * STEP_S * 1000.0
             goal = 31.0 + 25.0 * (power - self._idle_w) / (self._load_w - self._idle_w)
             st.temp += (goal - st.temp) * alpha
             st.step += 1
         return st
 
+    def _power_at(self, gpu: int, ts: float, act: float) -> float:
+        name = self._workloads.get(gpu)
+        return wl.power_w(name, ts) if name else self._power(act, self._fb_used(gpu, ts) > 0)
+
+    def compute_processes(self, gpu: int) -> dict[Entity, ProcessCount]:
+        """Scripted GPUs: the workload's processes; others: one while the job holds memory."""
+        t, name = self._clock() - self._t0, self._workloads.get(gpu)
+        n = wl.processes(name, t) if name else int(self._fb_used(gpu, t) > 0)
+        return {} if self._devices[gpu].mig else {Entity(gpu): ProcessCount(n, self._fb_job if n else 0)}
+
     def _values(self, gpu: int, t: float) -> dict[str, Value]:
         st = self._advance(gpu, t)
         ts = st.step * STEP_S
         act = self._activity(gpu, ts)
         used = self._fb_used(gpu, ts)
-        power = self._power(act, used > 0)
+        power = self._power_at(gpu, ts, act)
         energy = st.energy_mj + power * (t - ts) * 1000.0
         capped = act > 0.9
         sm_clock = 1440 if capped else (1980 if used > 0 else 345)
@@ -309,16 +287,19 @@ class SimulatedBackend:
             "DCGM_FI_DEV_RELIABILITY_VIOLATION": 0,
         }
         values.update(gpm)
+        if gpu in self._workloads:
+            values.update(wl.values(self._workloads[gpu], gpu, t, self._fb_total))
+            values["DCGM_FI_DEV_FB_FREE"] = wl.fb_free(values, self._fb_total, self._fb_reserved)
         return values
 
     def _gpm(self, act: float, share: float = 1.0) -> dict[str, Value]:
         """PROF_* values: the training recording scaled by activity (idle recording below)."""
         idle, train = self._rec["gpm"]["idle"], self._rec["gpm"]["training"]
         out: dict[str, Value] = {}
-        for name, metric in _GPM_FIELDS.items():
+        for name, metric in GPM_FIELDS.items():
             pct = idle.get(metric, 0.0) + (train.get(metric, 0.0) - idle.get(metric, 0.0)) * act
             out[name] = round(min(pct * share, 100.0) / 100.0, 6)
-        for name, metric in _GPM_BYTES.items():
+        for name, metric in GPM_BYTES.items():
             mib_s = idle[metric] + (train[metric] - idle[metric]) * act
             out[name] = int(mib_s * MIB)
         return out
@@ -340,7 +321,7 @@ class SimulatedBackend:
         if not device.mig:
             return {Entity(gpu): {f: values[f] for f in wanted if f in values}}
         out: dict[Entity, Mapping[str, Value]] = {
-            Entity(gpu): {f: values[f] for f in wanted - _MIG_PARENT_ABSENT if f in values}
+            Entity(gpu): {f: values[f] for f in wanted - MIG_PARENT_ABSENT if f in values}
         }
         act = self._activity(gpu, t)
         for n, inst in enumerate(device.mig):
@@ -360,7 +341,7 @@ class SimulatedBackend:
             "DCGM_FI_DEV_FB_RESERVED": 0,
             "DCGM_FI_DEV_FB_FREE": total - used,
         }
-        values.update({k: v for k, v in self._gpm(busy).items() if k in _MIG_INSTANCE_FIELDS})
+        values.update({k: v for k, v in self._gpm(busy).items() if k in MIG_INSTANCE_FIELDS})
         return values
 
     def lose_gpu(self, gpu: int) -> None:

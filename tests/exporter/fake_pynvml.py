@@ -11,7 +11,11 @@ NVreg_RestrictProfilingToAdminUsers=1 and no CAP_SYS_ADMIN), ``pre_r510`` (no
 ``nvmlDeviceGetMemoryInfo_v2`` symbol: FUNCTION_NOT_FOUND), ``unprivileged`` (a MIG GPU's parent
 handle answers NO_PERMISSION to memory info, as nvml.h documents), ``driver_reload()`` (every call answers
 UNINITIALIZED until nvmlShutdown + nvmlInit; older handles are then invalid). ``xids`` queues XID
-events: (gpu, xid) or (gpu, xid, gpu instance id). The clock (seconds) drives energy, PCIe and
+events: (gpu, xid) or (gpu, xid, gpu instance id). ``processes[gpu]`` (or ``[(gpu, gi)]`` for a MIG
+GPU instance) lists the PIDs ``nvmlDeviceGetComputeRunningProcesses`` answers (default: one process a
+GPU, the recording's load); ``hidden_processes`` makes it answer none while memory stays used, as NVML
+does in a container that cannot see other PID namespaces. ``p2p[(a, b)]`` is the NVLink
+nvmlGpuP2PStatus_t of a GPU pair (default NOT_SUPPORTED, a PCIe board). The clock (seconds) drives energy, PCIe and
 NVLink counters and field timestamps.
 
 As nvml.h documents for a function the device or driver lacks, any ``nvml*`` name this fake does not
@@ -140,6 +144,9 @@ class FakeNvml:
         # appropriate privileges" (else NO_PERMISSION; MIG device handles still answer)
         self.unprivileged = False
         self.xids: list[tuple[int, ...]] = []
+        self.processes: dict[int | tuple[int, int], list[int]] = {}
+        self.hidden_processes = False
+        self.p2p: dict[tuple[int, int], int] = {}
         self.registered: list[int] = []
         self.field_requests: list[list[Any]] = []
         self.load = REC["load"]
@@ -423,6 +430,24 @@ class FakeNvml:
                 )
             )
         return out
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: Handle) -> list[SimpleNamespace]:
+        """nvmlProcessInfo_t (v3) entries: pid, usedGpuMemory, gpuInstanceId, computeInstanceId."""
+        self._hit("nvmlDeviceGetComputeRunningProcesses", h)
+        key: int | tuple[int, int] = h.gpu if h.gi is None else (h.gpu, h.gi)
+        pids = self.processes.get(key, [4000 + h.gpu] if h.gi is None else [])
+        if self.hidden_processes:
+            return []
+        none = 0xFFFFFFFF
+        return [SimpleNamespace(pid=pid, usedGpuMemory=self.load["memory_v2"]["used"] // max(len(pids), 1),
+                                gpuInstanceId=none if h.gi is None else h.gi,
+                                computeInstanceId=none if h.gi is None else h.ci) for pid in pids]
+
+    def nvmlDeviceGetP2PStatus(self, h1: Handle, h2: Handle, index: int) -> int:
+        self._hit("nvmlDeviceGetP2PStatus", h1)
+        if index != _real.NVML_P2P_CAPS_INDEX_NVLINK:
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return int(self.p2p.get((h1.gpu, h2.gpu), _real.NVML_P2P_STATUS_NOT_SUPPORTED))
 
     # --- GPM ---------------------------------------------------------------------------------------
 
