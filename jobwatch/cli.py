@@ -20,7 +20,7 @@ from typing import Any
 from jobwatch import __version__
 from jobwatch.config import Settings, SettingsError, load_settings
 from jobwatch.health import Health
-from jobwatch.httpfront import FrontServer, Handler, Reply, parse_listen, tls_context
+from telemetry_common.httpfront import FrontServer, Handler, Reply, parse_listen, tls_context
 from jobwatch.metrics import CONTENT_TYPE, Renderer
 from jobwatch.prices import ConfigError
 from jobwatch.push import PushEndpoint, TokenReviewer

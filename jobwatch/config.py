@@ -183,7 +183,7 @@ def load_settings(argv: Sequence[str] | None, env: Mapping[str, str] | None = No
         raise SettingsError(f"--log-level: {values['log_level']!r} is not one of {', '.join(LOG_LEVELS)}")
     if bool(values["push_tls_cert"]) != bool(values["push_tls_key"]):
         raise SettingsError("--push-tls-cert and --push-tls-key go together")
-    from jobwatch.httpfront import parse_listen
+    from telemetry_common.httpfront import parse_listen
     for name in ("listen", "push_listen"):
         if values[name]:
             try:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobwatch.health import Health
-from jobwatch.httpfront import Reply
+from telemetry_common.httpfront import Reply
 from jobwatch.progress import MAX_PUSH_BYTES, BodyTooLarge, ProgressError, validate_push_body
 from jobwatch.state import State
 from telemetry_common.kubeapi import KubeClient, KubeError

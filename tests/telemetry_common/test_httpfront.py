@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from jobwatch.httpfront import FrontServer, Handler, Reply, parse_listen
+from telemetry_common.httpfront import FrontServer, Handler, Reply, parse_listen
 
 
 class Echo(Handler):
