@@ -129,7 +129,7 @@ class Collector:
         read_as = {s.field: getattr(s, "read_as", s.field) for s in counters}
         self._builder = RowBuilder(self.xids, {n: src for n, src in read_as.items() if n != src}, exp)
         if integer_fields is not None:
-            integer_fields |= {n for n, src in self._builder.renames.items() if src in integer_fields}
+            integer_fields |= {n for n, src in self._builder.renames.items() if src in integer_fields} | {SPEC.field}
         self._integer_fields = integer_fields
         self._hpc, self._replace_blanks = hpc, replace_blanks
         self._procs_fn = getattr(backend, "compute_processes", None)

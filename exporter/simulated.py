@@ -230,6 +230,10 @@ class SimulatedBackend:
         n = wl.processes(name, t) if name else int(self._fb_used(gpu, t) > 0)
         return {} if self._devices[gpu].mig else {Entity(gpu): ProcessCount(n, self._fb_job if n else 0)}
 
+    def p2p_status(self, gpu: int) -> dict[int, int]:
+        """An HGX board: NVLink P2P OK to every other GPU (nvmlGpuP2PStatus_t 0)."""
+        return {peer: 0 for peer in range(len(self._devices)) if peer != gpu}
+
     def _values(self, gpu: int, t: float) -> dict[str, Value]:
         st = self._advance(gpu, t)
         ts = st.step * STEP_S

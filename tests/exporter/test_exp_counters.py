@@ -115,3 +115,7 @@ def test_nvml_p2p_status_asks_nvlink_for_every_peer() -> None:
     fake = FakeNvml(n_gpus=3)
     fake.p2p = {(0, 1): 0, (0, 2): 4}
     assert NvmlBackend(fake).p2p_status(0) == {1: 0, 2: 4}
+
+
+def test_simulated_board_reports_nvlink_p2p_ok_to_every_peer() -> None:
+    assert SimulatedBackend(n_gpus=3).p2p_status(1) == {0: 0, 2: 0}

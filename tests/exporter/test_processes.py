@@ -92,3 +92,13 @@ def test_simulated_workloads_report_their_process_count(workload: str, t: float,
     b = SimulatedBackend(n_gpus=1, clock=lambda: now[0], workloads={0: workload})
     now[0] = t
     assert b.compute_processes(0)[Entity(0)].processes == expected
+
+
+def test_gauge_is_an_integer_like_other_int64_fields() -> None:
+    from exporter.fields import FIELDS
+
+    b = SimulatedBackend(n_gpus=1, clock=lambda: 500.0, workloads={0: "training"})
+    ints = frozenset(n for n, f in FIELDS.items() if f.integer)
+    text = Collector(b, parse_counters(CSV), "n", 5.0, integer_fields=ints).collect_once().text.decode()
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(COMPUTE_PROCESSES + "{")]
+    assert line.endswith("} 1")
