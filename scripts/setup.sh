@@ -41,13 +41,23 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*; touch "$stamp"
 fi
 
-# The native core, built in place (so the checkout imports it); again whenever its sources change.
+# The native core, built in place (so the checkout imports it); again whenever a source changes: the
+# stamp covers setup.py and every .c and .h below relay/native (names and contents), so an edit, an
+# added or a removed file in relay/native/<name>/ rebuilds as one in relay/native does.
 native=.native-stamp
-want=$( { cat setup.py relay/native/* 2>/dev/null || true; } | sha1sum | cut -c1-12)
-if [ "$(cat "$native" 2>/dev/null)" != "$want" ] || { ls relay/native/*.c >/dev/null 2>&1 && ! ls relay/native/_*.so >/dev/null 2>&1; }; then
+native_sources() { find relay/native -type f \( -name '*.c' -o -name '*.h' \) | LC_ALL=C sort; }
+# every extension setup.py builds: relay/native/<name>.c and relay/native/<name>/ (a folder of .c files)
+native_modules() { native_sources | sed -n -e 's#^relay/native/\([^/]*\)\.c$#\1#p' -e 's#^relay/native/\([^/]*\)/[^/]*\.c$#\1#p' | sort -u; }
+native_missing() { for m in $(native_modules); do ls relay/native/_"$m".*.so >/dev/null 2>&1 || echo "_$m"; done; }
+want=$( { cat setup.py; native_sources; native_sources | xargs -r cat; } | sha1sum | cut -c1-12)
+if [ "$(cat "$native" 2>/dev/null)" != "$want" ] || [ -n "$(native_missing)" ]; then
   echo "setup: building the relay's native core (relay/native)"
   if ! .venv/bin/python setup.py -q build_ext --inplace >.venv/build_ext.log 2>&1; then
     echo "setup: building the native core failed; its output:" >&2; tail -n 40 .venv/build_ext.log >&2; exit 1
+  fi
+  missing=$(native_missing)
+  if [ -n "$missing" ]; then  # (setup.py's extensions are optional: a failed one is only a warning there)
+    echo "setup: native modules did not build: $missing; the build's output:" >&2; tail -n 40 .venv/build_ext.log >&2; exit 1
   fi
   echo "$want" >"$native"
 fi

@@ -26,6 +26,7 @@ part in cyclic GC. Not thread-safe: relay.decision_cache calls it under the pipe
 */
 #include "bigarray.h"
 #include "fastpath.h"
+#include "urandom.h"
 #include <stdint.h>
 #include <string.h>
 
@@ -1330,21 +1331,11 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__cdcache(void) {
-    PyObject *os = PyImport_ImportModule("os");
-    if (os == NULL)
+    uint8_t rnd[16];
+    if (native_urandom(rnd, 16) < 0)
         return NULL;
-    PyObject *rnd = PyObject_CallMethod(os, "urandom", "i", 16);
-    Py_DECREF(os);
-    if (rnd == NULL)
-        return NULL;
-    if (!PyBytes_Check(rnd) || PyBytes_GET_SIZE(rnd) != 16) {
-        Py_DECREF(rnd);
-        PyErr_SetString(PyExc_RuntimeError, "os.urandom(16) did not return 16 bytes");
-        return NULL;
-    }
-    sip_k0 = load_le64((const uint8_t *)PyBytes_AS_STRING(rnd));
-    sip_k1 = load_le64((const uint8_t *)PyBytes_AS_STRING(rnd) + 8);
-    Py_DECREF(rnd);
+    sip_k0 = load_le64(rnd);
+    sip_k1 = load_le64(rnd + 8);
     if (PyType_Ready(&TableType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);

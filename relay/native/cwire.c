@@ -438,8 +438,7 @@ static PyObject *route_items(const uint8_t *b, PyObject *buf, const items *it, P
     PyObject *get = NULL, *key = NULL, *rest = NULL, *decision = NULL, *count = NULL, *first = NULL;
     PyObject *missed = NULL; /* the guessed key, which missed in a cache whose lookups have no effect */
     Py_ssize_t series = 0, samples = 0, histograms = 0, exemplars = 0, fresh = 0;
-    Py_ssize_t glen = 0, head = 0; /* the guessed one-sample rest: its length and where it was */
-    int64_t gts = 0;
+    fp_guess guess = {0, 0, 0}; /* the guessed one-sample rest */
     if (!PyDict_CheckExact(cache) && (get = PyObject_GetAttr(cache, str_get)) == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < it->len; i++) {
@@ -451,9 +450,9 @@ static PyObject *route_items(const uint8_t *b, PyObject *buf, const items *it, P
             Py_CLEAR(rest);
             continue;
         }
-        if (glen && glen < r->end - r->start) {
-            Py_ssize_t g = r->end - glen;
-            if (memcmp(b + g + 11, b + head + 11, (size_t)glen - 11) == 0 && memcmp(b + g, b + head, 3) == 0) {
+        {
+            Py_ssize_t g = fp_guess_split(&guess, b, r);
+            if (g >= 0) {
                 if ((key = PyBytes_FromStringAndSize((const char *)b + r->start, g - r->start)) == NULL)
                     goto fail;
                 decision = cache_get(cache, get, key);
@@ -465,9 +464,9 @@ static PyObject *route_items(const uint8_t *b, PyObject *buf, const items *it, P
                 if (decision != NULL) {
                     series++;
                     samples++;
-                    rest = PyBytes_FromStringAndSize((const char *)b + g, glen);
+                    rest = PyBytes_FromStringAndSize((const char *)b + g, guess.len);
                     count = PyLong_FromLong(1);
-                    first = PyLong_FromLongLong(gts);
+                    first = PyLong_FromLongLong(guess.ts);
                     if (rest == NULL || count == NULL || first == NULL
                         || emit(per_dest, decision, rest, count, first) < 0)
                         goto fail;
@@ -487,13 +486,7 @@ static PyObject *route_items(const uint8_t *b, PyObject *buf, const items *it, P
         rest = PyBytes_FromStringAndSize((const char *)b + r->key_end, r->end - r->key_end);
         if (key == NULL || rest == NULL)
             goto fail;
-        if (r->guess) {
-            glen = r->end - r->key_end;
-            gts = r->oldest;
-            head = r->key_end;
-        } else {
-            glen = 0;
-        }
+        fp_guess_note(&guess, r);
         series++;
         samples += r->ns;
         exemplars += r->ne;

@@ -23,6 +23,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 #define FP_API_VERSION 2
 
@@ -35,6 +36,15 @@ typedef struct {
     int8_t metadata;
     int8_t guess; /* the reference remembers this series' shape for the next one */
 } fp_item;
+
+/* The route loop's one-sample guess (relay/ingest/wire.py, route_loop): after a series of the guess
+ * shape (one sample, no exemplars), the next series is first tried with a rest of the same length
+ * and shape (its first 3 bytes and its bytes from 11 on the same: only the value differs), its key
+ * the bytes before. relay.native._cwire's loop and relay.native._cstage's route_hits both make it. */
+typedef struct {
+    Py_ssize_t len, head; /* the guessed rest's length and where it was (len 0: no guess) */
+    int64_t ts;           /* its timestamp */
+} fp_guess;
 
 typedef struct {
     fp_item *items;
@@ -49,6 +59,27 @@ typedef struct {
     int (*parse)(const uint8_t *b, Py_ssize_t n, fp_items *it);
     void (*items_free)(fp_items *it);
 } fp_wire_api;
+
+/* where item r's key ends if its rest is the guessed one, else -1 */
+static inline Py_ssize_t fp_guess_split(const fp_guess *g, const uint8_t *b, const fp_item *r) {
+    if (g->len && g->len < r->end - r->start) {
+        Py_ssize_t s = r->end - g->len;
+        if (memcmp(b + s + 11, b + g->head + 11, (size_t)g->len - 11) == 0 && memcmp(b + s, b + g->head, 3) == 0)
+            return s;
+    }
+    return -1;
+}
+
+/* item r, looked up in full: its rest is the next guess when it has the guess shape, else none is */
+static inline void fp_guess_note(fp_guess *g, const fp_item *r) {
+    if (r->guess) {
+        g->len = r->end - r->key_end;
+        g->ts = r->oldest;
+        g->head = r->key_end;
+    } else {
+        g->len = 0;
+    }
+}
 
 /* ---- relay.native._cdcache: the decision table ------------------------------------------------------- */
 
