@@ -2,8 +2,9 @@
 
 ``test-rules`` reads series one per line, in the text form ``name{a="1",b="2"}`` (also
 ``{__name__="x",...}``, quoted UTF-8 names, and exposition lines with a trailing value and
-timestamp, so ``curl :9400/metrics | gpu-relay test-rules ...`` works) or, with ``--format json``,
-one JSON object of labels per line. Blank and ``#`` lines are echoed so output lines up with input.
+timestamp, so ``curl :9400/metrics | gpu-relay test-rules ...`` works) or, with ``--input-format
+json`` (``--format`` sets both), one JSON object of labels per line, and prints each series beside
+its outcome (:func:`explain`). Blank and ``#`` lines are echoed in text so output lines up with input.
 """
 
 from __future__ import annotations
@@ -37,34 +38,55 @@ LOG_FORMAT_ENV = "GPU_RELAY_LOG_FORMAT"
 def explain(
     explainer: Explainer, lines: Iterable[str], input_format: str, output_format: str, out: TextIO, err: TextIO
 ) -> int:
-    """Print, line for line, what the destination gets from each series; 1 when a line was malformed.
+    """Print, for each series read, the series and what the destination gets from it; 1 when a line
+    was malformed.
 
-    Text: the series as sent, ``DROPPED by <rule>``, ``DROPPED: no metric name`` or ``AGGREGATED by
-    <rule> into: <series>, ...``. JSON: an object, ``null`` (dropped) or a list (the aggregate
-    outputs). A malformed line prints ``ERROR: <reason>`` in its place (and on stderr)."""
+    Text, one line an input line: ``<series> -> <as sent>``, ``-> DROPPED by <rule>``, ``-> DROPPED:
+    no metric name``, ``-> AGGREGATED by <rule> into: <series>, ...`` or ``<line> -> ERROR: <reason>``
+    (also on stderr); blank and ``#`` lines are echoed. JSON: one object a series read (blank and ``#``
+    lines are not series), each with its ``line`` and ``input``: ``"result": "kept"`` with ``output``,
+    ``"dropped"`` with ``by`` (the rule path), ``"aggregated"`` with ``by`` and ``into``, or ``"error"``
+    with ``error`` and ``column`` (``input`` then is the line's text); nothing else on stdout."""
     parse = parse_json_series if input_format == "json" else parse_series
     status = 0
     for number, raw in enumerate(lines, 1):
         line = raw.rstrip("\r\n")
         if not line.strip() or line.lstrip().startswith("#"):
-            out.write(line + "\n")
+            if output_format != "json":
+                out.write(line + "\n")
             continue
         try:
             labels = parse(line)
         except SeriesSyntaxError as e:
             err.write(f"<stdin>:{number}: {e}\n")
-            out.write(f"ERROR: {e}\n")
+            if output_format == "json":
+                out.write(_json({"line": number, "input": line, "result": "error", "error": e.message,
+                                 "column": e.column}) + "\n")
+            else:
+                out.write(f"{line} -> ERROR: {e}\n")
             status = 1
             continue
-        out.write(_render(explainer.explain(labels), output_format) + "\n")
+        outcome = explainer.explain(labels)
+        if output_format == "json":
+            out.write(_json({"line": number, "input": dict(labels), **_result(outcome)}) + "\n")
+        else:
+            out.write(f"{canonical(labels)} -> {_render(outcome)}\n")
     return status
 
 
-def _render(o: Outcome, output_format: str) -> str:
-    if output_format == "json":
-        if o.aggregated_by is not None:
-            return json.dumps([dict(s) for s in o.aggregated_into], ensure_ascii=False)
-        return format_json(o.sent)
+def _json(obj: dict[str, object]) -> str:
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def _result(o: Outcome) -> dict[str, object]:
+    if o.sent is not None:
+        return {"result": "kept", "output": dict(o.sent)}
+    if o.aggregated_by is not None:
+        return {"result": "aggregated", "by": o.aggregated_by, "into": [dict(s) for s in o.aggregated_into]}
+    return {"result": "dropped", "by": o.dropped_by}
+
+
+def _render(o: Outcome) -> str:
     if o.sent is not None:
         return canonical(o.sent)
     if o.aggregated_by is not None:
@@ -226,9 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
         "test-rules",
         parents=[common],
         help="print what a destination would be sent for series read on stdin",
-        description="Reads series on stdin, one per line, and prints on the same line what the destination "
+        description="Reads series on stdin, one per line, and prints each series with what the destination "
         "would be sent after external_labels, global relabel, write_relabel_configs and prune_labels, or which "
-        "rule DROPPED it, or the aggregate output series it feeds; a malformed line prints ERROR: <reason>.",
+        "rule DROPPED it, or the aggregate output series it feeds; a malformed line prints ERROR: <reason>. "
+        "With --output-format json: one JSON object a series read (result kept, dropped, aggregated or error).",
     )
     p.add_argument("--config", required=True, help="relay.yaml")
     p.add_argument("--destination", help="destination name (default: the first)")

@@ -72,6 +72,7 @@ def sender_settings(d: DestinationConfig) -> SenderSettings:
         max_backoff=q.max_backoff,
         max_sample_age=q.max_sample_age,
         timeout=q.timeout,
+        on_auth_error="drop" if q.on_auth_error == "drop" else "hold",
     )
 
 
@@ -128,6 +129,8 @@ class Generation:
     barriers: list[tuple[Sender, DurableQueue]] = field(default_factory=list)
     # every new sender with the shard count its pipeline shards its queue under
     shard_counts: list[tuple[Sender, int]] = field(default_factory=list)
+    # (new sender, the one it replaces): the last success and error carry over, as the counters do
+    carry: list[tuple[Sender, Sender]] = field(default_factory=list)
     # kept queues whose max_disk changed
     resize: list[tuple[DurableQueue, int]] = field(default_factory=list)
     # stats made afresh (name, the running stats they replace): tracked for /metrics from creation
@@ -150,6 +153,10 @@ class Generation:
     def commit(self, rm: RelayMetrics, cm: CardinalityMetrics, *, start: bool = True) -> None:
         for s in self.stop_senders:  # final: no request of the old sender in flight after this
             s.stop()
+        for new, old in self.carry:  # after the stop: nothing changes them on the old one any more
+            for attr in ("last_success", "last_error"):
+                if getattr(new, attr, None) is None and getattr(old, attr, None) is not None:
+                    setattr(new, attr, getattr(old, attr))
         for q in self.close_queues:
             try:
                 q.close()
@@ -269,6 +276,8 @@ def _prepare_one(
         )
         gen.start_senders.append(sender)
         gen.shard_counts.append((sender, shards))
+        if old is not None and old.sender is not None:
+            gen.carry.append((sender, old.sender))
         if old is not None and old.sender is not None and old.queue is queue:
             sender.predecessor = old.sender  # sends nothing until the old one's threads are gone
         if old is not None and old.queue is queue and old.shards != shards:

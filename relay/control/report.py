@@ -1,9 +1,10 @@
 """``gpu-relay report``: every destination's ``/api/v1/cardinality`` report as one readable block each.
 
 Without ``--destination`` it shows every destination the relay has (the first answer lists them
-all). Each block: where it sends and how it signs, its state (sending / failing / dry run), sent,
-failed and retried samples, queue depth and oldest age, last success and last error, active
-series and rates in and out, top metrics and labels (in, then out: one list under the other),
+all). Each block: where it sends and how it signs, its state (sending, retrying (queueing), blocked
+by auth (holding), rejecting (dropping 4xx), dry run), sent, failed and retried samples, queue depth
+and oldest age, last success and last error, the samples dropped in the last hour by reason, active
+series and rates (in, kept by the rules, out: sent), top metrics and labels (in, then out: one list under the other),
 drops, and the AMP bill for AMP destinations only. An error the relay answers (an unknown
 destination) is shown in the relay's own words.
 """
@@ -107,7 +108,7 @@ def _sending(snapshot: Mapping[str, Any], now: float) -> list[tuple[str, str]]:
     q = snapshot.get("queue")
     out: list[tuple[str, str]] = []
     if isinstance(s, Mapping):
-        out.append(("state", str(s.get("state", "?"))))
+        out.append(("state", str(s.get("state_text", s.get("state", "?")))))
     out.append(("dry_run", "true" if snapshot.get("dry_run") else "false"))
     if snapshot.get("url"):
         out.append(("url", str(snapshot["url"])))
@@ -132,7 +133,16 @@ def _sending(snapshot: Mapping[str, Any], now: float) -> list[tuple[str, str]]:
         err = s.get("last_error")
         out.append(("last error", "none" if not isinstance(err, Mapping)
                     else f"{_when(float(err['time']), now)}: {err['reason']}"))
+        drops = s.get("dropped_last_hour")
+        if isinstance(drops, Mapping):
+            out.append(("dropped, last hour", ", ".join(f"{r} {_num(float(n))}" for r, n in drops.items())
+                        or "none"))
     return out
+
+
+def _sent_rate(snapshot: Mapping[str, Any]) -> float:
+    s = snapshot.get("sending")
+    return float(s.get("samples_per_second", 0.0)) if isinstance(s, Mapping) else 0.0
 
 
 def _tops(title: str, key: str, count: str, what: str, section: Mapping[str, Any]) -> list[str]:
@@ -157,7 +167,8 @@ def render_report(snapshot: Mapping[str, Any], now: float | None = None) -> str:
         *_sending(snapshot, now),
         ("window", format_duration(max(0.0, float(snapshot.get("window_seconds", 0))))),
         ("active series", f"in {_num(active.get('in', 0))}, out {_num(active.get('out', 0))}"),
-        ("samples/s", f"in {_num(rates.get('in', 0.0))}, out {_num(rates.get('out', 0.0))}"),
+        ("samples/s", f"in {_num(rates.get('in', 0.0))}, kept {_num(rates.get('out', 0.0))}, "
+                      f"out {_num(_sent_rate(snapshot))}"),
     ])
     lines += _tops("top metrics by series,", "metric", "series", "metric", snapshot.get("top_metrics", {}))
     lines += _tops("top labels by distinct values,", "label", "distinct_values", "label",

@@ -26,6 +26,7 @@ from relay.common.metrics import RelayMetrics
 from relay.common.ratelog import RateLimitedLog
 from relay.config.config import Config, ConfigError, load_config
 from relay.control import shardplan, views
+from relay.control.delivery_watch import DeliveryWatch
 from relay.control.destinations import (
     Destination,
     Generation,
@@ -86,6 +87,7 @@ class Runtime:
         self.rm = RelayMetrics(self.registry)
         self._storage_log = RateLimitedLog(log)  # a full disk fails every request: one line a minute
         self.cardinality_metrics = CardinalityMetrics(self.registry)
+        self.watch = DeliveryWatch(self.rm)  # one across reloads, as the counters it reads
         self.clock = clock
         self.transport_factory = transport_factory or default_transport
         self.queue_factory = queue_factory
@@ -155,6 +157,7 @@ class Runtime:
                 self.pipeline.flush_aggregates()
                 self._plan_shards()
                 self._update_gauges()
+                self._watch()
                 if time.monotonic() - last_expire >= 60:
                     last_expire = time.monotonic()
                     self.pipeline.expire()
@@ -206,6 +209,11 @@ class Runtime:
             self.rm.oldest_queued_sample_age_seconds.labels(name).set(
                 0.0 if oldest is None else max(0.0, now - oldest)
             )
+
+    def _watch(self) -> None:
+        dests = dict(self.destinations)
+        self.watch.tick(dests, lambda n: None if n not in dests or dests[n].queue is None
+                        else dests[n].config.queue.max_disk)
 
     def flush_open_windows(self) -> None:
         """Queue every open aggregation window now (graceful stop); never raises."""
@@ -291,7 +299,7 @@ class Runtime:
     def overview(self, name: str, limit: int = 10) -> dict[str, Any]:
         """One destination's report (cardinality, sending state, AMP estimate); KeyError if unknown."""
         d = self.destinations[name]
-        return destination_overview(d, self.rm, self.clock(), limit, lock=self.pipeline.lock)
+        return destination_overview(d, self.rm, self.clock(), limit, lock=self.pipeline.lock, watch=self.watch)
 
     def names(self) -> list[str]:
         return [d.name for d in self.config.destinations]

@@ -24,7 +24,8 @@ h1{font-size:1.4em;margin:0 0 .2em}h2{font-size:1.15em;margin:0 0 .4em}
 .meta{color:#666;margin-bottom:1em}.dest{background:#fff;border:1px solid #ddd;border-radius:6px;
 padding:1em;margin:0 0 1em;max-width:75em}.state{display:inline-block;padding:.1em .6em;border-radius:1em;
 font-size:.85em;font-weight:600;margin-left:.5em;vertical-align:middle}.sending{background:#d6f5d6;color:#14591a}
-.failing{background:#fbd5d5;color:#8a1111}.dry{background:#e3e8f5;color:#243a73}
+.failing,.rejecting,.auth_blocked{background:#fbd5d5;color:#8a1111}.retrying{background:#fdf0c4;color:#6b4a00}
+.dry{background:#e3e8f5;color:#243a73}
 table{border-collapse:collapse;margin:.3em 0 .8em}td,th{padding:.15em .8em .15em 0;text-align:left;
 vertical-align:top}td.n{text-align:right;font-variant-numeric:tabular-nums}th{color:#555;font-weight:600}
 .err{color:#8a1111}.cols{display:flex;gap:2.5em;flex-wrap:wrap;align-items:flex-start}
@@ -108,6 +109,15 @@ def _cost(name: str, snap: Mapping[str, Any]) -> str:
     return f"<table>{''.join(rows)}</table><p class=\"small\">{escape(note)}</p>"
 
 
+def _drops(key: str, drops: Mapping[str, Any]) -> str:
+    """Samples lost in the last hour by reason, a number each (``<dest>.dropped.<reason>``), or none."""
+    if not drops:
+        return _text(f"{key}.dropped", "none")
+    rows = "".join(f"<tr><td>{escape(str(r))}</td>{_num(f'{key}.dropped.{r}', float(n), _fmt_int(float(n)))}</tr>"
+                   for r, n in drops.items())
+    return f'<td data-key="{escape(key)}.dropped"><table>{rows}</table></td>'
+
+
 def _destination(snap: Mapping[str, Any], samples_in: float, now: float) -> str:
     name = str(snap.get("destination", "?"))
     k = name
@@ -116,7 +126,8 @@ def _destination(snap: Mapping[str, Any], samples_in: float, now: float) -> str:
     active = snap.get("active_series", {})
     rates = snap.get("samples_per_second", {})
     state = str(sending.get("state", "sending"))
-    cls = {"sending": "sending", "failing": "failing"}.get(state, "dry")
+    state_text = str(sending.get("state_text", state))
+    cls = state if state in ("sending", "retrying", "auth_blocked", "rejecting") else "dry"
     err = sending.get("last_error")
     err_text = "none" if not err else f"{_when(float(err['time']), now)}: {err['reason']}"
     def count(label: str, field: str, value: float) -> str:
@@ -132,8 +143,10 @@ def _destination(snap: Mapping[str, Any], samples_in: float, now: float) -> str:
         count("active series in", "active_in", float(active.get("in", 0))),
         count("active series out", "active_out", float(active.get("out", 0))),
         _row("samples/s in", _num(f"{k}.rate_in", float(rates.get("in", 0.0)), _fmt_rate(float(rates.get("in", 0))))),
-        _row("samples/s out", _num(f"{k}.rate_out", float(rates.get("out", 0.0)),
-                                   _fmt_rate(float(rates.get("out", 0))))),
+        _row("samples/s kept", _num(f"{k}.rate_kept", float(rates.get("out", 0.0)),
+                                    _fmt_rate(float(rates.get("out", 0))))),
+        _row("samples/s out", _num(f"{k}.rate_out", float(sending.get("samples_per_second", 0.0)),
+                                   _fmt_rate(float(sending.get("samples_per_second", 0))))),
     ]
     no_queue = queue.get("max_bytes") is None
     status = [
@@ -142,13 +155,15 @@ def _destination(snap: Mapping[str, Any], samples_in: float, now: float) -> str:
         _row("queue", _text(f"{k}.queue_bytes", "none (dry run)" if no_queue
                             else _size(queue.get("bytes", 0), queue.get("max_bytes")))),
         _row("oldest queued", _text(f"{k}.queue_oldest", _age(queue.get("oldest_age_seconds")))),
+        _row("dropped, last hour", _drops(k, sending.get("dropped_last_hour") or {})),
     ]
     top = snap.get("top_metrics", {})
     tops = (_top("top metrics in", f"{k}.top_in", top.get("in", []))
             + _top("top metrics out", f"{k}.top_out", top.get("out", [])))
     return (
         f'<section class="dest" id="dest-{escape(name)}"><h2>{escape(name)}'
-        f'<span class="state {cls}" data-key="{escape(k)}.state">{escape(state)}</span></h2>'
+        f'<span class="state {cls}" data-key="{escape(k)}.state" data-value="{escape(state)}">'
+        f'{escape(state_text)}</span></h2>'
         f'<div class="small"><code>{escape(str(snap.get("url", "")))}</code> · '
         f'{escape(str(snap.get("credentials", "")))}</div>'
         f'<table>{"".join(status)}</table>'

@@ -138,11 +138,13 @@ def test_test_rules_text_uses_the_first_destination_by_default(
     assert (code, err) == (0, [])
     assert out == [
         "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).",
-        'DCGM_FI_DEV_GPU_UTIL{Hostname="n1",cluster="gpu-prod",gpu="0"}',
+        'DCGM_FI_DEV_GPU_UTIL{DCGM_FI_DRIVER_VERSION="550.54",Hostname="n1",gpu="0",pci_bus_id="0000:3B:00.0"} '
+        '-> DCGM_FI_DEV_GPU_UTIL{Hostname="n1",cluster="gpu-prod",gpu="0"}',
         "",
-        "DROPPED by destinations[amp].write_relabel_configs[0] (keep)",
-        'DCGM_FI_DEV_FB_USED{cluster="own",gpu="1",namespace="ml"}',
-        "DROPPED by global.relabel_configs[0] (drop)",
+        'DCGM_FI_DEV_SM_CLOCK{gpu="0"} -> DROPPED by destinations[amp].write_relabel_configs[0] (keep)',
+        'DCGM_FI_DEV_FB_USED{cluster="own",gpu="1",namespace="ml"} '
+        '-> DCGM_FI_DEV_FB_USED{cluster="own",gpu="1",namespace="ml"}',
+        'DCGM_FI_DEV_FB_USED{namespace="kube-system"} -> DROPPED by global.relabel_configs[0] (drop)',
     ]
 
 
@@ -153,14 +155,16 @@ def test_test_rules_text_for_a_named_destination(
     code, out, _ = run_with_stdin(monkeypatch, capsys, argv, SERIES_TEXT)
     assert code == 0
     assert out[1] == (
-        'DCGM_FI_DEV_GPU_UTIL{DCGM_FI_DRIVER_VERSION="550.54",Hostname="n1",cluster="gpu-prod",gpu="0",'
+        'DCGM_FI_DEV_GPU_UTIL{DCGM_FI_DRIVER_VERSION="550.54",Hostname="n1",gpu="0",pci_bus_id="0000:3B:00.0"} '
+        '-> DCGM_FI_DEV_GPU_UTIL{DCGM_FI_DRIVER_VERSION="550.54",Hostname="n1",cluster="gpu-prod",gpu="0",'
         'pci_bus_id="0000:3B:00.0"}'
     )
-    dropped = "DROPPED by global.relabel_configs[0] (drop)"
-    assert out[3:] == ['DCGM_FI_DEV_SM_CLOCK{cluster="gpu-prod",gpu="0"}', out[4], dropped]
+    dropped = 'DCGM_FI_DEV_FB_USED{namespace="kube-system"} -> DROPPED by global.relabel_configs[0] (drop)'
+    assert out[3:] == ['DCGM_FI_DEV_SM_CLOCK{gpu="0"} -> DCGM_FI_DEV_SM_CLOCK{cluster="gpu-prod",gpu="0"}', out[4],
+                       dropped]
 
 
-def test_test_rules_json_prints_an_object_or_null_per_line(
+def test_test_rules_json_prints_one_object_a_series_with_its_input_and_result(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     stdin = "\n".join(
@@ -174,13 +178,16 @@ def test_test_rules_json_prints_an_object_or_null_per_line(
     argv = ["test-rules", "--config", GOOD, "--format", "json"]
     code, out, err = run_with_stdin(monkeypatch, capsys, argv, stdin)
     assert (code, err) == (0, [])
-    assert [json.loads(line) if line else "" for line in out] == [
-        {"__name__": "DCGM_FI_DEV_GPU_UTIL", "cluster": "gpu-prod", "gpu": "0"},
-        None,
-        "",
-        {"__name__": "DCGM_FI_DEV_FB_USED", "cluster": "gpu-prod", "pod": "p\u00e9"},
+    assert [json.loads(line) for line in out] == [  # the blank line is no series: no object
+        {"line": 1, "input": {"__name__": "DCGM_FI_DEV_GPU_UTIL", "gpu": "0", "pci_bus_id": "x"},
+         "result": "kept", "output": {"__name__": "DCGM_FI_DEV_GPU_UTIL", "cluster": "gpu-prod", "gpu": "0"}},
+        {"line": 2, "input": {"__name__": "DCGM_FI_DEV_SM_CLOCK"},
+         "result": "dropped", "by": "destinations[amp].write_relabel_configs[0] (keep)"},
+        {"line": 4, "input": {"__name__": "DCGM_FI_DEV_FB_USED", "pod": "p\u00e9"},
+         "result": "kept", "output": {"__name__": "DCGM_FI_DEV_FB_USED", "cluster": "gpu-prod", "pod": "p\u00e9"}},
     ]
-    assert list(json.loads(out[0])) == ["__name__", "cluster", "gpu"]  # sorted keys
+    assert list(json.loads(out[0])["output"]) == ["__name__", "cluster", "gpu"]  # sorted keys
+    assert "null" not in "".join(out)
 
 
 def test_test_rules_reports_malformed_lines_and_processes_the_rest(
@@ -190,10 +197,10 @@ def test_test_rules_reports_malformed_lines_and_processes_the_rest(
     code, out, err = run_with_stdin(monkeypatch, capsys, ["test-rules", "--config", GOOD], stdin)
     assert code == 1
     assert out == [  # line-aligned with the input: a bad line prints ERROR in its place
-        'DCGM_FI_DEV_GPU_UTIL{cluster="gpu-prod",gpu="0"}',
-        "ERROR: expected '\"', got '1' (column 7)",
-        'DCGM_FI_DEV_FB_USED{cluster="gpu-prod"}',
-        "ERROR: expected '=', got end of line (column 5)",
+        'DCGM_FI_DEV_GPU_UTIL{gpu="0"} -> DCGM_FI_DEV_GPU_UTIL{cluster="gpu-prod",gpu="0"}',
+        "bad{a=1} -> ERROR: expected '\"', got '1' (column 7)",
+        'DCGM_FI_DEV_FB_USED{} -> DCGM_FI_DEV_FB_USED{cluster="gpu-prod"}',
+        '{"x" -> ERROR: expected \'=\', got end of line (column 5)',
     ]
     assert err == [
         "<stdin>:2: expected '\"', got '1' (column 7)",
@@ -201,7 +208,7 @@ def test_test_rules_reports_malformed_lines_and_processes_the_rest(
     ]
 
 
-def test_test_rules_json_reports_malformed_lines(
+def test_test_rules_json_reports_malformed_lines_as_objects_with_the_column(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["test-rules", "--config", GOOD, "--format", "json"]
@@ -209,9 +216,10 @@ def test_test_rules_json_reports_malformed_lines(
         monkeypatch, capsys, argv, 'up{a="1"}\n{"__name__": "DCGM_FI_DEV_FB_USED"}\n'
     )
     assert code == 1
-    assert out == [
-        "ERROR: invalid JSON: Expecting value (column 1)",
-        '{"__name__": "DCGM_FI_DEV_FB_USED", "cluster": "gpu-prod"}',
+    assert [json.loads(line) for line in out] == [  # no plain ERROR: line among the JSON
+        {"line": 1, "input": 'up{a="1"}', "result": "error", "error": "invalid JSON: Expecting value", "column": 1},
+        {"line": 2, "input": {"__name__": "DCGM_FI_DEV_FB_USED"}, "result": "kept",
+         "output": {"__name__": "DCGM_FI_DEV_FB_USED", "cluster": "gpu-prod"}},
     ]
     assert err == ["<stdin>:1: invalid JSON: Expecting value (column 1)"]
 
@@ -269,16 +277,18 @@ def test_test_rules_explains_each_drop_and_aggregation_on_the_input_s_line(
     )
     code, out, err = run_with_stdin(monkeypatch, capsys, ["test-rules", "--config", str(path)], stdin)
     assert (code, err) == (0, [])
-    assert out == [
-        "DROPPED by global.relabel_configs[0] (drop)",
-        "DROPPED by global.relabel_configs[1] (drop)",
-        "DROPPED by destinations[amp].write_relabel_configs[0] (keep)",
-        "DROPPED: no metric name",
-        "DROPPED: no metric name",  # the replace rule emptied __name__
-        'up{a="1",cluster="c1"}',
+    assert out == [  # each series read, then what becomes of it
+        'up{namespace="kube-system"} -> DROPPED by global.relabel_configs[0] (drop)',
+        'up{job="noisy"} -> DROPPED by global.relabel_configs[1] (drop)',
+        'other{a="1"} -> DROPPED by destinations[amp].write_relabel_configs[0] (keep)',
+        '{a="1"} -> DROPPED: no metric name',
+        'up{gone="x",pci_bus_id="p",tmp="y"} -> DROPPED: no metric name',  # the replace rule emptied __name__
+        'up{a="1",pci_bus_id="p",tmp="y"} -> up{a="1",cluster="c1"}',
+        'DCGM_FI_DEV_GPU_UTIL{gpu="0",pci_bus_id="b",pod="p1"} -> '
         "AGGREGATED by destinations[amp].aggregate[0] into: "
         'DCGM_FI_DEV_GPU_UTIL:30s_without_pod_avg{cluster="c1",gpu="0"}, '
         'DCGM_FI_DEV_GPU_UTIL:30s_without_pod_max{cluster="c1",gpu="0"}',
+        'x_total{gpu="1",pod="p"} -> '
         'AGGREGATED by destinations[amp].aggregate[1] into: x_total:1m_by_gpu_total{gpu="1"}',
     ]
 
@@ -293,16 +303,18 @@ def test_test_rules_input_and_output_formats_are_separate(
     code, out, _ = run_with_stdin(monkeypatch, capsys, argv, stdin)
     assert code == 0
     assert [json.loads(line) for line in out] == [
-        {"__name__": "up", "a": "1", "cluster": "c1"},
-        None,
-        [
-            {"__name__": "DCGM_FI_DEV_FB_USED:30s_without_pod_avg", "cluster": "c1"},
-            {"__name__": "DCGM_FI_DEV_FB_USED:30s_without_pod_max", "cluster": "c1"},
-        ],
+        {"line": 1, "input": {"__name__": "up", "a": "1"}, "result": "kept",
+         "output": {"__name__": "up", "a": "1", "cluster": "c1"}},
+        {"line": 2, "input": {"__name__": "other"}, "result": "dropped",
+         "by": "destinations[amp].write_relabel_configs[0] (keep)"},
+        {"line": 3, "input": {"__name__": "DCGM_FI_DEV_FB_USED", "pod": "p"}, "result": "aggregated",
+         "by": "destinations[amp].aggregate[0]", "into": [
+             {"__name__": "DCGM_FI_DEV_FB_USED:30s_without_pod_avg", "cluster": "c1"},
+             {"__name__": "DCGM_FI_DEV_FB_USED:30s_without_pod_max", "cluster": "c1"}]},
     ]
     argv = ["test-rules", "--config", str(path), "--input-format", "json"]
     code, out, _ = run_with_stdin(monkeypatch, capsys, argv, '{"__name__": "up"}\n')
-    assert (code, out) == (0, ['up{cluster="c1"}'])
+    assert (code, out) == (0, ['up{} -> up{cluster="c1"}'])
 
 
 def test_check_config_prints_warnings_and_still_succeeds(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -421,8 +433,8 @@ def test_installed_entry_point_runs_test_rules_and_check_config() -> None:
     )
     assert (proc.returncode, proc.stderr) == (0, "")
     assert proc.stdout.splitlines() == [
-        'DCGM_FI_DEV_SM_CLOCK{cluster="gpu-prod",gpu="0"}',
-        "DROPPED by global.relabel_configs[0] (drop)",
+        'DCGM_FI_DEV_SM_CLOCK{gpu="0"} -> DCGM_FI_DEV_SM_CLOCK{cluster="gpu-prod",gpu="0"}',
+        'up{namespace="kube-system"} -> DROPPED by global.relabel_configs[0] (drop)',
     ]
     bad = subprocess.run(
         [str(exe), "check-config", BAD], capture_output=True, text=True, timeout=30, check=False

@@ -77,7 +77,7 @@ def test_render_report_shows_series_tops_drops_and_cost_one_list_under_the_other
     lines = text.splitlines()
     assert lines[0] == "== destination amp =="
     assert ["active", "series", "in", "12,", "out", "4"] in [ln.split() for ln in lines]
-    assert ["samples/s", "in", "40,", "out", "13.33"] in [ln.split() for ln in lines]
+    assert ["samples/s", "in", "40,", "kept", "13.33,", "out", "0"] in [ln.split() for ln in lines]
     # in and out are separate lists, one under the other (issue 10: no side-by-side tables)
     assert [ln.split() for ln in block(text, "top metrics by series, in")] == [
         ["metric", "series"], ["DCGM_FI_DEV_GPU_UTIL", "12"]]
@@ -118,8 +118,9 @@ def sending_snapshot(**over: Any) -> dict[str, Any]:
     snap = snapshot()
     snap.update(
         dry_run=False, url="http://rx:9090/api/v1/write", credentials="none (no sigv4)",
-        sending={"state": "failing", "samples_kept": 1200, "samples_sent": 1000, "samples_failed": 50,
-                 "samples_retried": 30, "last_success": 1_000_000.0,
+        sending={"state": "rejecting", "state_text": "rejecting (dropping 4xx)", "samples_kept": 1200,
+                 "samples_sent": 1000, "samples_failed": 50, "samples_retried": 30, "last_success": 1_000_000.0,
+                 "samples_per_second": 2.5, "dropped_last_hour": {"http_403": 50, "queue_full": 7},
                  "last_error": {"time": 1_000_060.0, "reason": "HTTP 403: access denied"}},
         queue={"samples": 150, "bytes": 3 * 1024, "oldest_age_seconds": 42.0, "max_bytes": 2**30},
         estimated_cost=None, estimated_cost_without_rules=None,
@@ -130,8 +131,9 @@ def sending_snapshot(**over: Any) -> dict[str, Any]:
 
 def test_render_report_shows_the_sending_state_queue_and_last_outcomes() -> None:
     text = render_report(sending_snapshot(), now=1_000_100.0)
-    fields = {ln.split("  ")[1].strip(): ln.split("  ", 2)[2].strip() for ln in text.splitlines()[1:12]}
-    assert fields["state"] == "failing"
+    fields = {ln.split("  ")[1].strip(): ln.split("  ", 2)[2].strip() for ln in text.splitlines()[1:13]}
+    assert fields["state"] == "rejecting (dropping 4xx)"
+    assert fields["dropped, last hour"] == "http_403 50, queue_full 7"
     assert fields["dry_run"] == "false"
     assert fields["url"] == "http://rx:9090/api/v1/write"
     assert fields["samples sent"] == "1000" and fields["samples failed"] == "50"

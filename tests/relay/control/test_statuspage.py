@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from relay.control.overview import sending_state
+from relay.control.overview import STATE_TEXT, delivery_state
 from relay.control.statuspage import REFRESH_S, render_status_page
 
 
@@ -106,16 +106,17 @@ def test_page_escapes_everything_it_shows() -> None:
     html = render_status_page([overview(
         url=f"http://x/?a={evil}",
         top_metrics={"in": [{"metric": f'm"{evil}', "series": 1}], "out": []},
-        sending={"state": "failing", "last_error": {"time": 1.0, "reason": f"HTTP 400: {evil}"},
-                 "last_success": None},
+        sending={"state": "rejecting", "state_text": "rejecting (dropping 4xx)", "last_success": None,
+                 "last_error": {"time": 1.0, "reason": f"HTTP 400: {evil}"}, "dropped_last_hour": {evil: 3}},
     )], samples_in=0, now=2.0)
     assert "<script>" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     p = parse(html)
-    assert p.texts["amp.state"] == "failing"
+    assert p.texts["amp.state"] == "rejecting (dropping 4xx)"
+    assert p.values[f"amp.dropped.{evil}"] == "3.0"
     assert p.texts["amp.last_error"].endswith(f"HTTP 400: {evil}")
     assert p.texts["amp.last_success"] == "never"
-    assert re.search(r'class="state failing"', html)
+    assert re.search(r'class="state rejecting"', html)
 
 
 def test_page_says_when_the_last_reload_was_refused_and_when_nothing_is_configured() -> None:
@@ -123,9 +124,60 @@ def test_page_says_when_the_last_reload_was_refused_and_when_nothing_is_configur
     assert "last reload REFUSED" in html and "No destinations configured." in html
 
 
-def test_sending_state_follows_the_latest_outcome() -> None:
-    assert sending_state(True, None, (5.0, "x")) == "dry run"
-    assert sending_state(False, None, None) == "sending"
-    assert sending_state(False, 10.0, (5.0, "HTTP 503")) == "sending"
-    assert sending_state(False, 10.0, (12.0, "HTTP 503")) == "failing"
-    assert sending_state(False, None, (1.0, "network")) == "failing"
+class FakeSender:
+    """What a Sender records of its last results (relay.delivery.batch), and its settings."""
+
+    def __init__(self, last_success: float | None, last_error: tuple[float, str] | None,
+                 on_auth_error: str | None = None) -> None:
+        self.last_success, self.last_error = last_success, last_error
+        if on_auth_error is not None:
+            self.settings = type("S", (), {"on_auth_error": on_auth_error})()
+
+
+class StatefulSender(FakeSender):
+    def __init__(self, state: str) -> None:
+        super().__init__(10.0, None)
+        self._state = state
+
+    def state(self) -> str:
+        return self._state
+
+
+@pytest.mark.parametrize(
+    ("dry_run", "sender", "state"),
+    [
+        (True, FakeSender(None, (5.0, "HTTP 503: x")), "dry_run"),
+        (False, None, "dry_run"),
+        (False, FakeSender(None, None), "sending"),
+        (False, FakeSender(10.0, (5.0, "HTTP 503: busy")), "sending"),
+        (False, FakeSender(10.0, (12.0, "HTTP 503: busy")), "retrying"),
+        (False, FakeSender(10.0, (12.0, "HTTP 429: slow down")), "retrying"),
+        (False, FakeSender(None, (1.0, "network error: connection refused")), "retrying"),
+        (False, FakeSender(None, (1.0, "HTTP 400: out of order sample")), "rejecting"),
+        (False, FakeSender(None, (1.0, "HTTP 403: access denied")), "rejecting"),  # on_auth_error: drop
+        (False, FakeSender(None, (1.0, "HTTP 403: access denied"), "hold"), "auth_blocked"),
+        (False, FakeSender(None, (1.0, "HTTP 401: no"), "hold"), "auth_blocked"),
+        (False, StatefulSender("auth_blocked"), "auth_blocked"),  # the sender's own word wins
+        (False, StatefulSender("retrying"), "retrying"),
+    ],
+)
+def test_one_state_a_destination_from_its_latest_outcome(dry_run: bool, sender: object, state: str) -> None:
+    assert delivery_state(dry_run, sender) == state
+
+
+@pytest.mark.parametrize("state", sorted(STATE_TEXT))
+def test_the_page_says_each_state_in_words(state: str) -> None:
+    sending = {**overview()["sending"], "state": state, "state_text": STATE_TEXT[state]}
+    p = parse(render_status_page([overview(sending=sending)], samples_in=0, now=2.0))
+    assert p.texts["amp.state"] == STATE_TEXT[state]
+    assert p.values["amp.state"] == state
+
+
+def test_samples_out_is_what_was_sent_and_drops_of_the_last_hour_are_shown_by_reason() -> None:
+    sending = {**overview()["sending"], "samples_per_second": 0.0,
+               "dropped_last_hour": {"http_403": 1200, "queue_full": 40}}
+    p = parse(render_status_page([overview(sending=sending)], samples_in=0, now=2.0))
+    assert p.values["amp.rate_out"] == "0.0"  # nothing sent, although the rules keep 13.5/s
+    assert p.values["amp.rate_kept"] == "13.5"
+    assert (p.values["amp.dropped.http_403"], p.values["amp.dropped.queue_full"]) == ("1200.0", "40.0")
+    assert parse(render_status_page([overview()], samples_in=0, now=2.0)).texts["amp.dropped"] == "none"
