@@ -14,6 +14,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "bigarray.h"
 #include <stdint.h>
 #include <string.h>
 
@@ -56,7 +57,13 @@ static size_t g_mtab_cap;  /* a power of two */
 static uint8_t *g_out;
 static size_t g_out_cap;
 
-#define KEEP_OUT_CAP (4u << 20) /* a larger output buffer is freed after the call */
+/* Scratch memory comes back after a large request: every array lives in bigarray.h's arrays (one of
+   1 MiB and more is a mapping of its own, so freeing it returns it to the system at once), and after
+   each call an array over its keep size is freed: the output buffer over KEEP_OUT_CAP, the others
+   (symbols, refs, pairs, metadata and its index) over KEEP_SCRATCH. A request of 32 MiB of empty
+   symbols grows the symbol array to 384 MB; it is gone when the call returns, accepted or refused. */
+#define KEEP_OUT_CAP (4u << 20)
+#define KEEP_SCRATCH BIG_BYTES
 
 static int grow(void **buf, size_t *cap, size_t need, size_t elem)
 {
@@ -68,7 +75,7 @@ static int grow(void **buf, size_t *cap, size_t need, size_t elem)
             return NO;
         n *= 2;
     }
-    void *p = realloc(*buf, n * elem);
+    void *p = arr_realloc(*buf, *cap * elem, n * elem);
     if (!p)
         return NO;
     *buf = p;
@@ -688,10 +695,10 @@ static int add_metadata(Ctx *c, const uint8_t *p, const uint8_t *end, const uint
         size_t cap = g_mtab_cap ? g_mtab_cap * 2 : 64;
         while (cap < c->nmeta * 2 + 2)
             cap *= 2;
-        uint32_t *t = calloc(cap, sizeof(uint32_t));
+        uint32_t *t = arr_calloc(cap, sizeof(uint32_t));
         if (!t)
             return NO;
-        free(g_mtab);
+        arr_free(g_mtab, g_mtab_cap * sizeof(uint32_t));
         g_mtab = t;
         g_mtab_cap = cap;
         for (size_t k = 0; k < c->nmeta; k++) {
@@ -751,7 +758,7 @@ static int ensure_out(Ctx *c, size_t n)
             cap = c->limit;
         if (cap < need)
             cap = need;
-        uint8_t *p = realloc(g_out, cap);
+        uint8_t *p = arr_realloc(g_out, g_out_cap, cap);
         if (!p)
             return NO;
         g_out = p;
@@ -892,20 +899,29 @@ static int request(Ctx *c, const uint8_t *buf, size_t n)
     return OK;
 }
 
+/* *buf (cap elements of elem bytes) freed when it holds more than keep bytes; 1 when freed */
+static int drop_scratch(void **buf, size_t *cap, size_t elem, size_t keep)
+{
+    if (*cap * elem <= keep)
+        return 0;
+    arr_free(*buf, *cap * elem);
+    *buf = NULL;
+    *cap = 0;
+    return 1;
+}
+
+#define DROP_SCRATCH(buf, cap, keep) drop_scratch((void **)&(buf), &(cap), sizeof(*(buf)), (keep))
+
 static void release_scratch(const Ctx *c)
 {
-    if (g_out_cap > KEEP_OUT_CAP) {
-        free(g_out);
-        g_out = NULL;
-        g_out_cap = 0;
-    }
-    if (g_mtab_cap > 4096) {
-        free(g_mtab);
-        g_mtab = NULL;
-        g_mtab_cap = 0;
-    } else if (g_mtab && c->nmeta) {
+    DROP_SCRATCH(g_out, g_out_cap, KEEP_OUT_CAP);
+    DROP_SCRATCH(g_syms, g_syms_cap, KEEP_SCRATCH);
+    DROP_SCRATCH(g_refs, g_refs_cap, KEEP_SCRATCH);
+    DROP_SCRATCH(g_xrefs, g_xrefs_cap, KEEP_SCRATCH);
+    DROP_SCRATCH(g_pairs, g_pairs_cap, KEEP_SCRATCH);
+    DROP_SCRATCH(g_meta, g_meta_cap, KEEP_SCRATCH);
+    if (!DROP_SCRATCH(g_mtab, g_mtab_cap, 4096 * sizeof(uint32_t)) && g_mtab && c->nmeta)
         memset(g_mtab, 0, g_mtab_cap * sizeof(uint32_t));
-    }
 }
 
 /* ---- Python API ----------------------------------------------------------------------------- */

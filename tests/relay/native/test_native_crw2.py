@@ -452,6 +452,37 @@ def test_a_31kb_request_that_would_become_105mb_is_413_without_the_memory() -> N
     assert grew_kib < 48 * 1024  # the output bound is 32 MiB; 10,500 x 10 KB labels would be 105 MB
 
 
+_SCRATCH_RSS = """
+import os, sys
+from relay.native import _crw2
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+small = b"\\x22\\x00" + b"\\x22\\x01n"  # symbols "" and "n": the scratch arrays' usual size
+assert _crw2.transcode(small, 1 << 20) == (b"", 0, 0, 0)
+raw = b"\\x22\\x00" * (16 << 20) + bytes.fromhex(sys.argv[1])  # 32 MiB of empty symbols, then the tail
+before = rss()
+out = _crw2.transcode(raw, 64 << 20)
+after = rss()
+print("accepted" if out is not None else "refused", after - before)
+"""
+
+
+@pytest.mark.parametrize("tail, outcome", [
+    ("", "accepted"),  # symbols only: an empty RW 1.0 request
+    ("2a05", "refused"),  # a TimeSeries field cut short: the reference decides (and raises)
+    ("2a020a01", "refused"),  # one label ref, not a (name, value) pair
+])
+def test_the_scratch_memory_of_a_request_of_32_mib_of_empty_symbols_comes_back(tail: str, outcome: str) -> None:
+    out = subprocess.run([sys.executable, "-c", _SCRATCH_RSS, tail], cwd=ROOT, capture_output=True, text=True,
+                         check=True, env={**os.environ, native.ENV: "1"})
+    result, grew = out.stdout.split()
+    assert result == outcome
+    assert int(grew) < 10 << 20, f"RSS grew by {int(grew) >> 20} MiB"  # 384 MiB of symbol scratch kept before
+
+
 def test_the_c_entry_point_is_picked_at_import_and_the_switch_keeps_the_reference() -> None:
     assert _c is not None and wire_v2.v2_to_v1 is _c.v2_to_v1
     code = "from relay.ingest import wire_v2; print(wire_v2.v2_to_v1 is wire_v2.py_v2_to_v1)"
