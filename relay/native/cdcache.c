@@ -1,5 +1,8 @@
 /* relay.native._cdcache: a compact table of the pipeline's cached decisions (relay.decision_cache).
 
+Reference: relay/state/decision_cache.py, DecisionCache (a dict a generation): a DecisionTable
+answers get/put/eviction as those dicts do.
+
 A DecisionTable maps raw label bytes to their decision (relay.wire.Decision: one tuple per
 destination, element 0 the input's) like a dict, but stores neither the key bytes nor the tuples:
 

@@ -1,5 +1,7 @@
 /* relay.native._crw2: Remote-Write 2.0 Request bytes -> Remote-Write 1.0 WriteRequest bytes, in C.
  *
+ * Reference: relay/ingest/wire_v2.py, py_v2_to_v1.
+ *
  * The C twin of relay/ingest/wire_v2.py's reference ``v2_to_v1`` (same bytes, same counts). It only
  * handles what it can prove the reference handles the same way: every varint minimal and at most
  * 64 bits, every known field with its own wire type, UTF-8 symbols, refs in range, no duplicate

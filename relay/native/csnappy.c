@@ -1,5 +1,7 @@
 /* relay.native._csnappy: a raw snappy block decoder writing straight into the bytes object it returns.
 
+Reference: relay/ingest/wire.py, py_decompress (python-snappy / cramjam).
+
 The reference is python-snappy 0.7's uncompress (cramjam's snappy decoder): relay.wire.decompress
 calls it where this module is absent or declines (wire.py_decompress). It zero-fills its
 output buffer and copies it into a bytes object afterwards; here the bytes object is allocated

@@ -1,5 +1,8 @@
 /* relay.native._cwire: the C twin of relay.wire's per-series route loop, and series_id (BLAKE2b-64).
  *
+ * Reference: relay/ingest/wire.py, _route_loop and _py_series_id; relay/rules/label_codec.py,
+ * py_decode_key.
+ *
  * route_loop(buf, cache, decide, per_dest, metadata) gives exactly what wire._route_loop gives.
  * Pass 1 reads the whole request without any side effect and checks every entry as
  * relay/ingest/wire_entries.py does; it only accepts the shape the Python fast path takes (a TimeSeries

@@ -1,7 +1,7 @@
 /* relay.native._cstage: the tracker's label statistics (values noted, swept, counted).
  *
- * Reference: relay/state/series_tracker.py, SeriesTracker._note_labels, _expire_values and
- * label_union: per (metric, label name) one T8 table 48-bit value hash -> generation mod 2^16.
+ * Reference: relay/state/series_tracker.py, SeriesTracker._note_labels, _expire_values and the
+ * counts top_labels makes: per (metric, label name) one T8 table 48-bit value hash -> generation mod 2^16.
  */
 #include "cstage.h"
 

@@ -1,7 +1,7 @@
 /* relay.native._cstage.Tracker: the tracker as a Python type (relay.state CSeriesTracker wraps it).
  *
- * Reference: relay/state/series_tracker.py, SeriesTracker: each method answers what the
- * reference's method of the same name answers.
+ * Reference: relay/state/series_tracker.py, SeriesTracker (PySeriesTracker): CSeriesTracker
+ * answers each of its methods from these (observe*, contains, has, expire, the counts).
  */
 #include "cstage.h"
 
