@@ -179,6 +179,22 @@ static inline int get_i64(PyObject *o, int64_t *out) {
     return 1;
 }
 
+/* room for one more element in *arr (n of *cap used, `size` bytes each): doubled, from `first`, when
+   full; -1 with MemoryError (*arr left as it was) */
+static inline int room_for_one(void **arr, Py_ssize_t n, Py_ssize_t *cap, size_t size, Py_ssize_t first) {
+    if (n < *cap)
+        return 0;
+    Py_ssize_t grown = *cap ? *cap * 2 : first;
+    void *p = PyMem_RawRealloc(*arr, (size_t)grown * size);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *arr = p;
+    *cap = grown;
+    return 0;
+}
+
 /* list.append(item) for a new reference (stolen, also on failure); -1 with an exception */
 static inline int append_new(PyObject *list, PyObject *item) {
     if (item == NULL)

@@ -19,16 +19,8 @@ int drops_add(Drops *ds, PyObject *reason, int64_t samples, int series) {
         if (eq)
             goto found;
     }
-    if (ds->n == ds->cap) {
-        Py_ssize_t cap = ds->cap ? ds->cap * 2 : 8;
-        Drop *d = PyMem_RawRealloc(ds->d, (size_t)cap * sizeof(Drop));
-        if (d == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        ds->d = d;
-        ds->cap = cap;
-    }
+    if (room_for_one((void **)&ds->d, ds->n, &ds->cap, sizeof(Drop), 8) < 0)
+        return -1;
     i = ds->n++;
     ds->d[i].reason = reason;
     ds->d[i].samples = ds->d[i].series = 0;

@@ -141,16 +141,8 @@ static int check_rest(PyObject *entries, PyObject *inputs, Py_ssize_t j, Py_ssiz
 }
 
 static int seen_push(SeenList *seen, uint64_t id, PyObject *metric, const Lb *l) {
-    if (seen->n == seen->cap) {
-        Py_ssize_t cap = seen->cap ? seen->cap * 2 : 256;
-        Seen *s = PyMem_RawRealloc(seen->s, (size_t)cap * sizeof(Seen));
-        if (s == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        seen->s = s;
-        seen->cap = cap;
-    }
+    if (room_for_one((void **)&seen->s, seen->n, &seen->cap, sizeof(Seen), 256) < 0)
+        return -1;
     seen->s[seen->n++] = (Seen){id, metric, *l};
     return 0;
 }
