@@ -1,7 +1,7 @@
 """deploy/ as kustomizations: every base and overlay renders with the real `kubectl kustomize`, every
 document it prints validates (kubernetes-validate's bundled schemas; the Prometheus Operator kinds
-against the structural check in tests/deploy/render.py), the exporter DaemonSet keeps its contract
-(probes, args, securityContext), and the Dockerfile builds what the manifests run."""
+against the structural check in tests/deploy/render.py), and the Dockerfile builds what the manifests
+run. The exporter DaemonSet's own contract (scheduling, probes, args, securityContext): test_deploy_exporter.py."""
 
 from __future__ import annotations
 
@@ -21,15 +21,12 @@ import pytest
 from tests.deploy.render import (
     CRD_KINDS,
     DEPLOY,
-    EXPORTER_NS,
     K8S_VERSION,
     KUSTOMIZATIONS,
     ROOT,
-    anchored,
     container,
     crd_errors,
     find,
-    port_number,
     render,
 )
 
@@ -107,122 +104,6 @@ def test_operator_prometheus_containers_and_volumes_validate_as_a_pod_spec() -> 
         "spec": {"containers": spec["containers"], "volumes": spec["volumes"]},
     }
     assert kubernetes_validate.validate(pod, K8S_VERSION, strict=True) == K8S_VERSION
-
-
-# -- exporter DaemonSet ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def exporter_docs() -> list[dict[str, Any]]:
-    return render("exporter")
-
-
-def exporter_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    pod: dict[str, Any] = find(docs, "DaemonSet")["spec"]["template"]["spec"]
-    return pod
-
-
-def test_daemonset_runs_only_on_gpu_nodes_and_tolerates_the_gpu_taint(
-    exporter_docs: list[dict[str, Any]],
-) -> None:
-    pod = exporter_pod(exporter_docs)
-    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"
-    ]
-    assert {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]} in terms[0][
-        "matchExpressions"
-    ]
-    assert any(t["key"] == "nvidia.com/gpu" and t["operator"] == "Exists" for t in pod["tolerations"])
-    assert pod["priorityClassName"] == "system-node-critical"
-
-
-def test_daemonset_exporter_args_env_resources_and_kubelet_socket(
-    exporter_docs: list[dict[str, Any]],
-) -> None:
-    pod = exporter_pod(exporter_docs)
-    c = container(pod, "gpu-exporter")
-    assert c["args"] == ["--listen=:9400", "--kubernetes", "--interval=5s"]
-    env = {e["name"]: e for e in c["env"]}
-    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    assert env["GPU_EXPORTER_LOG_FORMAT"]["value"] == "json"
-    assert c["resources"] == {
-        "requests": {"cpu": "50m", "memory": "64Mi"},
-        "limits": {"cpu": "200m", "memory": "128Mi"},
-    }
-    (vol,) = [v for v in pod["volumes"] if "hostPath" in v]
-    assert vol["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
-    (mount,) = [m for m in c["volumeMounts"] if m["name"] == vol["name"]]
-    assert mount == {"name": vol["name"], "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": True}
-
-
-def test_daemonset_liveness_is_health_and_readiness_is_ready_on_the_port_named_metrics(
-    exporter_docs: list[dict[str, Any]],
-) -> None:
-    # Issue 7: /health is liveness (200 unless the collection loop is stuck, even with every GPU
-    # lost: restarting cannot fix hardware); /ready is readiness (503 while no GPU is up).
-    c = container(exporter_pod(exporter_docs), "gpu-exporter")
-    assert [(p["name"], p["containerPort"]) for p in c["ports"]] == [("metrics", 9400)]
-    live, ready = c["livenessProbe"]["httpGet"], c["readinessProbe"]["httpGet"]
-    assert (live["path"], live["port"], port_number(c, live["port"])) == ("/health", "metrics", 9400)
-    assert (ready["path"], ready["port"], port_number(c, ready["port"])) == ("/ready", "metrics", 9400)
-    # A node whose GPUs are all down stays unready, never restart-loops: liveness is patient.
-    probe = c["livenessProbe"]
-    assert probe["periodSeconds"] * probe["failureThreshold"] >= 60
-
-
-def test_daemonset_security_context_is_locked_down_and_keeps_its_reasoning(
-    exporter_docs: list[dict[str, Any]],
-) -> None:
-    pod = exporter_pod(exporter_docs)
-    sc = container(pod, "gpu-exporter")["securityContext"]
-    assert sc["allowPrivilegeEscalation"] is False
-    assert sc["readOnlyRootFilesystem"] is True
-    assert sc["capabilities"] == {"drop": ["ALL"]}  # SYS_ADMIN for GPM is opt-in (commented)
-    assert sc.get("privileged", False) is False
-    # uid 0 only for the root-owned kubelet socket, and only with --kubernetes (see the manifest).
-    assert sc["runAsUser"] != 0 or "--kubernetes" in container(pod, "gpu-exporter")["args"]
-    assert pod["automountServiceAccountToken"] is False
-    assert find(exporter_docs, "ServiceAccount")["automountServiceAccountToken"] is False
-    assert not pod.get("hostNetwork") and not pod.get("hostPID")
-    text = (DEPLOY / "exporter" / "daemonset.yaml").read_text()
-    for reason in ("kubelet.sock owned by root", "NVreg_RestrictProfilingToAdminUsers", "SYS_ADMIN"):
-        assert reason in text
-
-
-def test_service_exposes_port_9400_named_metrics_for_the_daemonset_pods(
-    exporter_docs: list[dict[str, Any]],
-) -> None:
-    svc = find(exporter_docs, "Service")
-    pod_labels = find(exporter_docs, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
-    assert svc["spec"]["selector"].items() <= pod_labels.items()
-    assert [(p["name"], p["port"]) for p in svc["spec"]["ports"]] == [("metrics", 9400)]
-    namespaced = [d for d in exporter_docs if d["kind"] != "Namespace"]
-    assert {d["metadata"].get("namespace") for d in namespaced} == {EXPORTER_NS}
-
-
-def test_servicemonitor_selects_the_service_every_15s_and_honours_pod_labels(
-    exporter_docs: list[dict[str, Any]],
-) -> None:
-    sm = find(render("monitoring"), "ServiceMonitor")
-    assert sm["metadata"]["namespace"] == EXPORTER_NS
-    svc = find(exporter_docs, "Service")
-    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
-    assert EXPORTER_NS in sm["spec"]["namespaceSelector"]["matchNames"]
-    (ep,) = sm["spec"]["endpoints"]
-    assert ep["port"] in {p["name"] for p in svc["spec"]["ports"]}
-    assert ep["interval"] == "15s"
-    assert ep["honorLabels"] is True
-    # The target's own pod/namespace/container labels must not attribute unheld GPUs to the exporter pod.
-    drops = [r for r in ep["relabelings"] if r["action"] == "labeldrop"]
-    assert any(
-        anchored(r["regex"]).match(label) for r in drops for label in ("pod", "namespace", "container")
-    )
-
-
-@pytest.mark.parametrize("overlay", ["overlays/prometheus-operator", "overlays/kube-prometheus-stack",
-                                     "overlays/prometheus-statefulset"])
-def test_every_overlay_runs_the_same_exporter(overlay: str, exporter_docs: list[dict[str, Any]]) -> None:
-    assert find(render(overlay), "DaemonSet", "gpu-exporter") == find(exporter_docs, "DaemonSet")
 
 
 # -- Dockerfile --------------------------------------------------------------------------------------
@@ -396,18 +277,6 @@ def test_manifests_pass_arguments_the_entrypoint_dispatches_correctly() -> None:
         spec = doc["spec"]["template"]["spec"] if kind == "StatefulSet" else doc["spec"]
         relay = container(spec, "gpu-relay")
         assert relay["args"][0] == "gpu-relay" and "command" not in relay
-
-
-def test_daemonset_args_and_env_are_accepted_by_the_exporter_flag_parser() -> None:
-    if not (ROOT / "exporter" / "settings.py").exists():
-        pytest.skip("exporter/settings.py is not written yet")
-    settings = pytest.importorskip("exporter.settings")
-    c = container(find(render("exporter"), "DaemonSet")["spec"]["template"]["spec"], "gpu-exporter")
-    env = {e["name"]: e.get("value", "gpu-node-1") for e in c["env"]}
-    s = settings.load_settings(c["args"], env)
-    assert (s.listen_port, s.interval_s, s.kubernetes) == (9400, 5.0, True)
-    assert s.pod_resources_socket.startswith("/var/lib/kubelet/pod-resources/")
-    assert s.hostname == "gpu-node-1"
 
 
 def test_docs_deploy_names_only_files_that_exist() -> None:

@@ -107,8 +107,10 @@ def _operator() -> Sidecar:
 def _kube_prometheus_stack() -> Sidecar:
     spec = yaml.safe_load(VALUES.read_text())["prometheus"]["prometheusSpec"]
     labels = {**OPERATOR_POD_LABELS, **spec.get("podMetadata", {}).get("labels", {})}
+    # additionalRemoteWrite: appended by the chart after the user's own remoteWrite, which stays
+    assert "remoteWrite" not in spec
     return Sidecar("kube-prometheus-stack", spec, labels, MONITORING_NS, render("overlays/kube-prometheus-stack"),
-                   _operator_rw(spec["remoteWrite"]))
+                   _operator_rw(spec["additionalRemoteWrite"]))
 
 
 SIDECARS = {"prometheus-statefulset": _statefulset, "prometheus-operator": _operator,
@@ -224,17 +226,22 @@ def test_values_change_nothing_cluster_wide() -> None:
     values = yaml.safe_load(VALUES.read_text())
     keys = set(_walk_keys(values))
     assert not {k for k in keys if k.endswith("NilUsesHelmValues") or k.endswith("Selector")}
-    assert set(values) == {"prometheus"} and set(values["prometheus"]) == {"serviceAccount", "prometheusSpec"}
+    assert set(values) == {"prometheus"} and set(values["prometheus"]) == {"prometheusSpec"}
     # Instead, what the chart selects by default (release label) is on our monitors and rules.
     docs = render("overlays/kube-prometheus-stack")
     for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule"):
-        assert find(docs, kind)["metadata"]["labels"]["release"] == "kube-prometheus-stack", kind
+        objs = [d for d in docs if d["kind"] == kind]  # every one (two PrometheusRules: alerts and waste)
+        assert objs, kind
+        for obj in objs:
+            assert obj["metadata"]["labels"]["release"] == "kube-prometheus-stack", (kind, obj["metadata"]["name"])
 
 
 def test_relay_service_accounts_use_irsa_and_the_config_does_not_assume_the_same_role() -> None:
     sas = [find(_statefulset().docs, "ServiceAccount", "prometheus"),
-           find(_operator().docs, "ServiceAccount", "gpu-telemetry-prometheus"),
-           yaml.safe_load(VALUES.read_text())["prometheus"]["serviceAccount"]]
+           find(_operator().docs, "ServiceAccount", "gpu-telemetry-prometheus")]
+    # the values file sets no role: a placeholder would replace the release's own IRSA annotation
+    assert "serviceAccount" not in yaml.safe_load(VALUES.read_text())["prometheus"]
+    assert "--set-string 'prometheus.serviceAccount.annotations.eks" in VALUES.read_text()
     for sa in sas:
         annotations = sa.get("metadata", sa).get("annotations")
         assert re.fullmatch(r"arn:aws:iam::\d{12}:role/.+", annotations["eks.amazonaws.com/role-arn"])
@@ -315,10 +322,12 @@ def test_operator_prometheus_selects_the_monitors_and_rules() -> None:
     docs = _operator().docs
     spec = find(docs, "Prometheus")["spec"]
     for kind, sel in (("ServiceMonitor", "serviceMonitor"), ("PodMonitor", "podMonitor"), ("PrometheusRule", "rule")):
-        obj = find(docs, kind)
-        assert spec[sel + "Selector"]["matchLabels"].items() <= obj["metadata"]["labels"].items(), kind
-        ns_labels = {"kubernetes.io/metadata.name": obj["metadata"]["namespace"]}
-        assert spec[sel + "NamespaceSelector"]["matchLabels"].items() <= ns_labels.items(), kind
+        objs = [d for d in docs if d["kind"] == kind]  # every one (two PrometheusRules: alerts and waste)
+        assert objs, kind
+        for obj in objs:
+            assert spec[sel + "Selector"]["matchLabels"].items() <= obj["metadata"]["labels"].items(), kind
+            ns_labels = {"kubernetes.io/metadata.name": obj["metadata"]["namespace"]}
+            assert spec[sel + "NamespaceSelector"]["matchLabels"].items() <= ns_labels.items(), kind
 
 
 PROM_LABELS = {"app.kubernetes.io/name": "prometheus"}
@@ -332,9 +341,11 @@ PROM_LABELS = {"app.kubernetes.io/name": "prometheus"}
         (9202, "ml-team", PROM_LABELS, False),  # a Prometheus of another namespace
         (9201, MONITORING_NS, PROM_LABELS, False),  # the write port, from anywhere outside the pod
         (9201, "default", {}, False),
-        (9090, "default", {}, True),  # Prometheus's own API stays as open as before
-        (8080, "default", {}, True),  # the operator's config-reloader
-        (65535, "default", {}, True),
+        (9090, "default", {}, False),  # no catch-all (issue 20 point 8): Prometheus's API not cluster-wide
+        (9090, MONITORING_NS, {}, True),  # Grafana and the monitoring Prometheus
+        (8080, "default", {}, False),  # the operator's config-reloader
+        (8080, MONITORING_NS, {}, True),
+        (65535, "default", {}, False),
     ],
 )
 def test_networkpolicy_limits_the_telemetry_port_to_the_monitoring_namespace(
