@@ -1,5 +1,9 @@
 """``gpu-relay import-prometheus prometheus.yml``: move Prometheus's remote_write behind the relay.
 
+It reads prometheus.yml's ``remote_write`` or the prometheus-operator's camelCase form (a
+kube-prometheus-stack values file, a Prometheus resource, a bare list: :mod:`relay.config.operator`),
+and prints the entry for Prometheus in the form it came in.
+
 From a Prometheus config it builds
 - a relay config: ``external_labels`` from ``global.external_labels`` and every ``remote_write``
   entry as it is (the relay reads Prometheus's syntax; what it cannot honour it warns about), an
@@ -27,6 +31,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from relay.config import operator as operator_form
 from relay.config.envexpand import RULE_KEYS
 from relay.config.parts import DEST_NAME_RE, amp_region
 
@@ -64,14 +69,21 @@ def import_prometheus(
         raise ImportError_(f"{filename}:{line}: invalid YAML: {e.problem}") from e
     except yaml.YAMLError as e:
         raise ImportError_(f"{filename}: invalid YAML: {e}") from e
+    operator = None if isinstance(doc, dict) and "remote_write" in doc else operator_form.find_remote_write(doc)
+    notes: list[str] = []
+    if operator is not None:  # kube-prometheus-stack values, a Prometheus CR or a bare list: camelCase
+        op_entries, op_external, where = operator
+        entries_in = [operator_form.to_prometheus(e, f"{where}[{i}]", notes) for i, e in enumerate(op_entries)]
+        doc = {"global": {"external_labels": op_external}, "remote_write": entries_in}
     if not isinstance(doc, dict):
-        raise ImportError_(f"{filename}: not a Prometheus config (expected a mapping)")
+        raise ImportError_(f"{filename}: not a Prometheus config (expected a mapping, or a list of remote write "
+                           "entries)")
     entries = doc.get("remote_write") or []
     if not isinstance(entries, list):
         raise ImportError_(f"{filename}: remote_write: expected a list")
     originals: list[dict[str, Any]] = []
     kept: list[dict[str, Any]] = []
-    skipped: list[str] = []
+    skipped: list[str] = notes
     credentials: list[str] = []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or "url" not in entry:
@@ -85,7 +97,9 @@ def import_prometheus(
     _unique_names(originals, kept)
     _name_amp_entries(kept)
     if not kept:
-        raise ImportError_(f"{filename}: no remote_write entry to import")
+        raise ImportError_(f"{filename}: no remote_write entry to import (looked for remote_write:, "
+                           "prometheus.prometheusSpec.remoteWrite, a Prometheus resource's spec.remoteWrite "
+                           "and a list of entries)")
     glob = doc.get("global") or {}
     external = glob.get("external_labels") if isinstance(glob, dict) else None
     relay: dict[str, Any] = {"server": {"listen": listen}}
@@ -99,9 +113,8 @@ def import_prometheus(
         '# move the entry to destinations: ("Moving a `remote_write` entry to `destinations:`" in\n'
         "# docs/relay-config.md). The queues are stored under storage.path (import with --storage-path DIR).\n"
     )
-    return Imported(
-        header + _dump(relay), _prometheus_entry(entries, originals, relay_url), tuple(skipped), tuple(credentials)
-    )
+    entry = _prometheus_entry(entries, originals, relay_url, None if operator is None else operator[2])
+    return Imported(header + _dump(relay), entry, tuple(skipped), tuple(credentials))
 
 
 # (section or "", key) of the secrets of a remote_write entry (Prometheus's <secret> fields)
@@ -152,9 +165,11 @@ def _name_amp_entries(entries: list[dict[str, Any]]) -> None:
             taken.add(name)
 
 
-def _prometheus_entry(originals: list[Any], imported: list[dict[str, Any]], relay_url: str) -> str:
+def _prometheus_entry(originals: list[Any], imported: list[dict[str, Any]], relay_url: str,
+                      operator_at: str | None = None) -> str:
     """The entry pointing at the relay: the union of the imported entries' leading keep rules (when
-    each has one), and the exemplar / native histogram flags of any entry, the relay's own included."""
+    each has one), and the exemplar / native histogram flags of any entry, the relay's own included.
+    In the operator's camelCase, at the place the entries came from, when they came in that form."""
     entry: dict[str, Any] = {"url": relay_url, "name": ENTRY_NAME}
     regexes = [_leading_keep(e) for e in imported]
     if regexes and all(r is not None for r in regexes):
@@ -163,6 +178,19 @@ def _prometheus_entry(originals: list[Any], imported: list[dict[str, Any]], rela
     for flag in ("send_exemplars", "send_native_histograms"):
         if any(isinstance(e, dict) and e.get(flag) is True for e in originals):
             entry[flag] = True
+    if operator_at is not None and operator_at != "the list":
+        keys = operator_at.split(".")
+        doc: Any = [operator_form.to_operator(entry)]
+        for key in reversed(keys):
+            doc = {key: doc}
+        header = (
+            f"# Put this in place of {operator_at} (Helm and the operator replace a list whole: this one\n"
+            "# entry is the whole list): Prometheus writes to the relay, the relay does the rest.\n"
+        )
+        return header + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
+    if operator_at is not None:
+        header = "# Put this in place of the remoteWrite list: Prometheus writes to the relay.\n"
+        return header + yaml.safe_dump([operator_form.to_operator(entry)], sort_keys=False, allow_unicode=True)
     header = (
         "# Put this in prometheus.yml in place of its remote_write section: Prometheus writes to the relay,\n"
         "# the relay does the rest (rules, queues on disk, SigV4).\n"

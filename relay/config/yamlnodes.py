@@ -17,6 +17,7 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from relay.common.units import UnitError, parse_duration, parse_size
+from relay.config.operator import camel_to_snake, is_camel
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ class Reader:
                 continue
             key = knode.value
             if keys is not None and key not in keys:
-                self.error(knode, f"{path}.{key}" if path else key, f"unknown key (valid: {', '.join(keys)})")
+                self.error(knode, f"{path}.{key}" if path else key, unknown_key(key, keys))
             else:
                 out[key] = vnode
         return out
@@ -241,3 +242,12 @@ class Reader:
 
     def to_python(self, node: Node) -> Any:
         return self._constructor.construct_object(node, deep=True)
+
+
+def unknown_key(key: str, keys: tuple[str, ...]) -> str:
+    """The message for an unknown key; a camelCase one whose snake_case is valid is named for what it means."""
+    snake = camel_to_snake(key) if is_camel(key) else None
+    if snake is not None and snake in keys:
+        return (f"unknown key {key}: did you mean {snake}? (camelCase is the prometheus-operator's; the relay "
+                "reads prometheus.yml's snake_case, and gpu-relay import-prometheus converts a whole file)")
+    return f"unknown key (valid: {', '.join(keys)})"

@@ -8,6 +8,7 @@ one back. Applying rules to labels is :mod:`relay.rules.relabel`, which re-expor
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -220,8 +221,11 @@ def parse_relabel_config(raw: Mapping[str, Any]) -> RelabelConfig:
         raise RelabelConfigError(f"a relabel config must be a mapping, got {type(raw).__name__}")
     for key in raw:
         if key not in FIELDS:
+            snake = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", str(key)).lower()
+            hint = (f"did you mean {snake}? (camelCase is the prometheus-operator's) "
+                    if snake in FIELDS and snake != key else "")
             raise RelabelConfigError(
-                f"unknown field {key!r} in relabel config (allowed: {', '.join(FIELDS)})", str(key)
+                f"unknown field {key!r} in relabel config: {hint}(allowed: {', '.join(FIELDS)})", str(key)
             )
     regex = Regexp(_string(raw, "regex", "")) if "regex" in raw else DEFAULT_REGEX
     cfg = RelabelConfig(
