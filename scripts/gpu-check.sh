@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
-# gpu-check: one run on a machine with an NVIDIA GPU, under ~3 minutes.
+# gpu-check: one run on a machine with an NVIDIA GPU (an H100/H200 node), under ~3 minutes.
 #
-# Starts gpu-exporter with --backend nvml, scrapes it idle and under a short matmul load (torch if
-# present, else no load, saying so), and checks: /health is 200; the default series that every
-# NVML GPU has are present with dcgm-exporter's labels; DCGM_FI_PROF_* ratios lie in 0..1;
-# DCGM_FI_DEV_GPU_UTIL rises under load. Prints the per-GPU collection time. Exit 0 = all passed.
+# Starts gpu-exporter with --backend nvml and the DaemonSet's collectors file and interval, then checks,
+# one line a check (PASS, FAIL or SKIP with the reason; exit 1 on any FAIL), see scripts/gpu_check_node.py:
+#   series            per GPU and per MIG GPU instance: the core series, dcgm-exporter's labels, PROF in 0..1
+#   nvidia-smi        per GPU: temperature, power, clocks, memory used, utilisation against
+#                     `nvidia-smi --query-gpu` within tolerances
+#   nvlink            per GPU with active NVLink links (`nvidia-smi nvlink --status`): NVLink series served
+#   xid               per entity: XID events registered (DCGM_FI_DEV_XID_ERRORS served, no registration error)
+#   load, under-load  a matmul load it starts itself (torch fp16 if importable, else it says it could
+#                     not load the GPU): GPU_UTIL rises, PROF GR_ENGINE/TENSOR activity non-zero
+#   compute-processes gpu_exporter_compute_processes visible (FAIL when the exporter withholds it)
+#   resources         the exporter's RSS and CPU against the DaemonSet's limits (deploy/daemonset.yaml)
+#   kubelet-socket    /var/lib/kubelet/pod-resources/kubelet.sock accepts connections (SKIP off Kubernetes)
+#   dcgm-csv          /etc/dcgm-exporter/{default-counters,dcp-metrics-included,1.x-compatibility-metrics}.csv load
 #
 # Before that, an NVML probe pass (no HTTP): the process's uid, capabilities and the driver's
 # NVreg_RestrictProfilingToAdminUsers; per GPU the GPM permission state (permitted / refused with
@@ -17,10 +26,13 @@
 #   GPU_CHECK_FAKE=1|refused              probe the fake pynvml of tests/ instead of a GPU (to test
 #                                         this script without one; implies --probe-only)
 #   GPU_CHECK_PYTHON=/path/to/python      the interpreter (default: the repo's .venv, else python3)
+#   GPU_CHECK_BACKEND=simulated           run the checks against the simulated backend (tests; no GPU)
+#   GPU_CHECK_EXPORTER=FILE.py            run FILE.py (gpu-exporter's flags) instead of `-m exporter.cli`
+#   GPU_CHECK_INTERVAL, GPU_CHECK_LOAD_SECONDS, GPU_CHECK_COLLECTORS, GPU_CHECK_PORT
 #
 # Installs nothing and never changes GPU settings (no clocks, power limits, persistence or MIG
-# mode): it only reads through NVML and runs ordinary CUDA work.
-# Needs: python3 (or the repo's .venv) with nvidia-ml-py and prometheus-client importable.
+# mode): it only reads through NVML and nvidia-smi and runs ordinary CUDA work.
+# Needs: python3 (or the repo's .venv) with nvidia-ml-py, prometheus-client and PyYAML importable.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -48,6 +60,8 @@ PROBE_ONLY=0
 PORT=${GPU_CHECK_PORT:-$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
 LOAD_S=${GPU_CHECK_LOAD_SECONDS:-40}
 BACKEND=${GPU_CHECK_BACKEND:-nvml}  # "simulated" only to try this script itself on a machine without a GPU
+INTERVAL=${GPU_CHECK_INTERVAL:-5s}  # the DaemonSet's --interval
+COLLECTORS=${GPU_CHECK_COLLECTORS:-$REPO/deploy/exporter/collectors.csv}  # the DaemonSet's --collectors
 WORK=$(mktemp -d)
 EXPORTER_PID=""
 LOAD_PID=""
@@ -146,9 +160,11 @@ if [[ $PROBE_ONLY -eq 1 ]]; then
   exit "$probe_rc"
 fi
 
-echo "== gpu-check: python $PY, exporter on 127.0.0.1:$PORT (--backend $BACKEND --interval 1s)"
-"$PY" -m exporter.cli --backend "$BACKEND" --listen "127.0.0.1:$PORT" --interval 1s --log-level warning \
-  >"$WORK/exporter.out" 2>"$WORK/exporter.err" &
+echo "== gpu-check: python $PY, exporter on 127.0.0.1:$PORT (--backend $BACKEND --interval $INTERVAL -f $COLLECTORS)"
+EXPORTER=(-m exporter.cli)
+[[ -n "${GPU_CHECK_EXPORTER:-}" ]] && EXPORTER=("$GPU_CHECK_EXPORTER")
+"$PY" "${EXPORTER[@]}" --backend "$BACKEND" --listen "127.0.0.1:$PORT" --interval "$INTERVAL" \
+  --collectors "$COLLECTORS" --log-level warning >"$WORK/exporter.out" 2>"$WORK/exporter.err" &
 EXPORTER_PID=$!
 
 # The load: a short fp16 matmul loop on every visible CUDA device, if torch is available.
@@ -157,10 +173,10 @@ import sys, time
 try:
     import torch
 except ImportError:
-    print("load: torch not installed: running WITHOUT load; the GPU_UTIL rise check is skipped")
+    print("torch is not installed, so this script has no CUDA-free way to put work on the GPU")
     sys.exit(3)
 if not torch.cuda.is_available():
-    print("load: torch sees no CUDA device: running WITHOUT load; the GPU_UTIL rise check is skipped")
+    print("torch sees no CUDA device (torch.cuda.is_available() is False)")
     sys.exit(3)
 seconds = float(sys.argv[1])
 devs = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
@@ -176,122 +192,9 @@ while time.monotonic() < end:
         torch.cuda.synchronize(d)
 EOF
 
-cat >"$WORK/check.py" <<'EOF'
-import re, subprocess, sys, time, urllib.request
-from prometheus_client.parser import text_string_to_metric_families
-
-import os
-port, load_s, load_py, exporter_pid = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-base = f"http://127.0.0.1:{port}"
-LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName"]
-CORE = ["DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE",
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL",
-        "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_XID_ERRORS"]
-OPTIONAL = ["DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_ENC_UTIL",
-            "DCGM_FI_DEV_DEC_UTIL", "DCGM_FI_DEV_FB_RESERVED", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-            "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES"]
-RATIOS = ["DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE"]
-failures = []
-
-def fail(msg):
-    failures.append(msg)
-    print("FAIL:", msg)
-
-def get(path):
-    with urllib.request.urlopen(base + path, timeout=5) as r:
-        return r.status, r.read().decode()
-
-def scrape():
-    out = {}
-    for fam in text_string_to_metric_families(get("/metrics")[1]):
-        for s in fam.samples:
-            # the parser appends _total to counter samples; DCGM's counters have none
-            name = fam.name if s.name.startswith("DCGM_") else s.name
-            out.setdefault(name, []).append((s.labels, s.value))
-    return out
-
-deadline = time.monotonic() + 30
-while True:
-    try:
-        status, body = get("/health")
-        if status == 200:
-            break
-    except Exception as exc:  # 503 raises HTTPError; connection refused before bind
-        body = getattr(exc, "read", lambda: str(exc).encode())()
-        body = body.decode() if isinstance(body, bytes) else body
-    try:
-        os.kill(exporter_pid, 0)
-    except ProcessLookupError:
-        print("FAIL: the exporter exited before becoming healthy")
-        sys.exit(1)
-    if time.monotonic() > deadline:
-        print("FAIL: exporter not healthy within 30s:", body)
-        sys.exit(1)
-    time.sleep(0.5)
-print("ok: /health 200")
-
-time.sleep(2.5)
-idle = scrape()
-for name in CORE:
-    if name not in idle:
-        fail(f"{name} missing")
-for name, samples in idle.items():
-    if name.startswith("DCGM_FI_"):
-        for labels, _ in samples:
-            if list(labels)[:5] != LABELS or "DCGM_FI_DRIVER_VERSION" not in labels:
-                fail(f"{name}: labels {list(labels)}")
-                break
-print("present:", " ".join(n for n in CORE + OPTIONAL + RATIOS if n in idle))
-print("absent (unsupported here):", " ".join(n for n in OPTIONAL + RATIOS if n not in idle) or "none")
-idle_util = {l["gpu"] + l.get("GPU_I_ID", ""): v for l, v in idle.get("DCGM_FI_DEV_GPU_UTIL", [])}
-
-load = subprocess.Popen([sys.executable, load_py, str(load_s)])
-samples = []
-t_end = time.monotonic() + load_s
-time.sleep(min(8.0, load_s / 2))
-while time.monotonic() < t_end - 1 and load.poll() is None:
-    samples.append(scrape())
-    time.sleep(2.0)
-rc = load.wait(timeout=load_s + 60)
-loaded = rc == 0
-if not loaded and rc != 3:
-    fail(f"load process exited {rc}")
-
-for snap in [idle, *samples]:
-    for name in RATIOS:
-        for labels, v in snap.get(name, []):
-            if not 0.0 <= v <= 1.0:
-                fail(f"{name}{{gpu={labels['gpu']}}} = {v} outside 0..1")
-if loaded:
-    if not samples:
-        fail("no scrape taken under load")
-    peak = {}
-    for snap in samples:
-        for l, v in snap.get("DCGM_FI_DEV_GPU_UTIL", []):
-            key = l["gpu"] + l.get("GPU_I_ID", "")
-            peak[key] = max(peak.get(key, 0.0), v)
-    for key, v in sorted(peak.items()):
-        print(f"GPU_UTIL gpu {key}: idle {idle_util.get(key, float('nan')):.0f} -> peak under load {v:.0f}")
-        if v <= idle_util.get(key, 0.0) or v < 30:
-            fail(f"GPU_UTIL on gpu {key} did not rise under load ({idle_util.get(key)} -> {v})")
-    for name in RATIOS:
-        vals = [v for snap in samples for _, v in snap.get(name, [])]
-        if vals:
-            print(f"{name}: peak under load {max(vals):.3f}")
-
-final = scrape()
-for l, v in final.get("gpu_exporter_collection_duration_seconds", []):
-    print(f"collection time gpu {l['gpu']} ({l['UUID']}): {v * 1000:.2f} ms")
-for l, v in final.get("gpu_exporter_device_up", []):
-    if v != 1:
-        fail(f"gpu {l['gpu']} device_up {v}")
-print("gpu-check:", "PASS" if not failures else f"FAIL ({len(failures)} problems)")
-sys.exit(1 if failures else 0)
-EOF
-
 set +e
-timeout 170 "$PY" "$WORK/check.py" "$PORT" "$LOAD_S" "$WORK/load.py" "$EXPORTER_PID"
+timeout 170 "$PY" "$REPO/scripts/gpu_check_node.py" "$PORT" "$LOAD_S" "$WORK/load.py" "$EXPORTER_PID" \
+  "$WORK/exporter.err" "$REPO/deploy/daemonset.yaml"
 rc=$?
 if ! kill -0 "$EXPORTER_PID" 2>/dev/null; then
   wait "$EXPORTER_PID"; erc=$?; EXPORTER_PID=""
