@@ -8,24 +8,38 @@ dcgm-exporter 4.8.2 does (DCGM counters lack ``_total``, so OpenMetrics would ty
 ``unknown``); with ``openmetrics=True`` (``--enable-openmetrics``) a scraper that asks gets it.
 With a web config (``exporter.webconfig``) connections are TLS and/or need basic auth on every
 path, probes included, as exporter-toolkit does (NVIDIA's chart then probes with ``tcpSocket``);
-changed certificates or users apply without a restart (``exporter.webreload``).
+``rate_limit`` answers 429 before auth; ``client_allowed_sans`` closes a TLS connection whose client
+certificate has none of the SANs. Changed certificates or users apply without a restart
+(``exporter.webreload``).
+
+The front is ``telemetry_common.httpfront`` (what a pod that reaches the node can do to it is
+bounded): a request head is at most ``MAX_HEAD_BYTES`` (64 KiB, 431 over it; Go's server allows
+1 MiB, this process's memory limit is tighter), all of it within ``HEAD_TIMEOUT`` (10 s, as
+dcgm-exporter's read timeout, but for the whole head); an idle keep-alive connection is closed
+after ``IDLE_TIMEOUT``; at most ``MAX_CONNECTIONS`` connections are open, one more is answered 503
+(TLS: closed) at once; the listen backlog is 1,024.
 """
 
 from __future__ import annotations
 
 import logging
-import socket
 import ssl
-import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol
+from typing import Protocol
 
 from exporter.render import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
 from exporter.webconfig import WebConfig
-from exporter.webreload import Active, LiveWebConfig
+from exporter.webreload import LiveWebConfig
+from exporter.webtls import sans_allowed
+from telemetry_common.httpfront import FrontServer, Handler, Reply
 
 log = logging.getLogger(__name__)
+
+MAX_HEAD_BYTES = 64 * 1024
+HEAD_TIMEOUT = 10.0
+IDLE_TIMEOUT = 60.0
+WRITE_TIMEOUT = 10.0  # dcgm-exporter's write timeout: a whole answer
+MAX_CONNECTIONS = 256
 
 INDEX = (
     b"<html><head><title>GPU Exporter</title></head><body><h1>GPU Exporter</h1>"
@@ -60,94 +74,43 @@ class ExpositionSource(Protocol):
         ...
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True
+class _Handler(Handler):
     server_version = "gpu-exporter"
-    sys_version = ""
-    timeout = 10.0  # like dcgm-exporter's read/write timeouts
     # set on the subclass made per server:
     source: ExpositionSource
     openmetrics: bool = False
-    _active: Active | None = None
+    live: LiveWebConfig
 
-    def setup(self) -> None:
-        super().setup()  # applies the timeout, which then bounds the TLS handshake too
-        if isinstance(self.connection, ssl.SSLSocket):
-            self.connection.do_handshake()
+    def accept_peer(self) -> bool:
+        """exporter-toolkit's client_allowed_sans: a client certificate with an allowed SAN."""
+        allowed = self.live.current().allowed_sans
+        if allowed is None:
+            return True
+        assert isinstance(self.connection, ssl.SSLSocket)
+        return sans_allowed(self.connection.getpeercert(), allowed)
 
-    def do_GET(self) -> None:
-        self._active = self.server.live.current()  # type: ignore[attr-defined]
-        if not self._active.auth.check(self.headers.get("Authorization")):
-            self._send(401, b"Unauthorized\n", TEXT_PLAIN, (("WWW-Authenticate", 'Basic realm="gpu-exporter"'),))
-            return
+    def answer(self, method: str) -> Reply:
+        active = self.live.current()
+        if active.limiter is not None and not active.limiter.allow():
+            return Reply(429, b"Too Many Requests\n")  # as the toolkit: before auth and its headers
+        headers = dict(active.headers)
+        if not active.auth.check(self.headers.get("Authorization")):
+            headers["WWW-Authenticate"] = 'Basic realm="gpu-exporter"'
+            return Reply(401, b"Unauthorized\n", TEXT_PLAIN, headers)
+        if method not in ("GET", "HEAD"):
+            return Reply(405, b"method not allowed\n", TEXT_PLAIN, {**headers, "Allow": "GET, HEAD"})
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
             exp = self.source.exposition
             if self.openmetrics and wants_openmetrics(self.headers.get("Accept")):
-                self._send(200, exp.openmetrics, OPENMETRICS_CONTENT_TYPE)
-            else:
-                self._send(200, exp.text, TEXT_CONTENT_TYPE)
-        elif path in ("/health", "/ready"):
+                return Reply(200, exp.openmetrics, OPENMETRICS_CONTENT_TYPE, headers)
+            return Reply(200, exp.text, TEXT_CONTENT_TYPE, headers)
+        if path in ("/health", "/ready"):
             ok, reason = self.source.health() if path == "/health" else self.source.readiness()
-            self._send(200 if ok else 503, reason.encode(), TEXT_PLAIN)
-        elif path == "/":
-            self._send(200, INDEX, "text/html; charset=utf-8")
-        else:
-            self._send(404, b"404 page not found\n", TEXT_PLAIN)
-
-    def do_HEAD(self) -> None:
-        self.do_GET()
-
-    def _send(
-        self, code: int, body: bytes, content_type: str, headers: tuple[tuple[str, str], ...] = ()
-    ) -> None:
-        """Status, headers and body in one write (no Nagle/delayed-ACK stall between them)."""
-        self.log_request(code)
-        extra = (self._active.headers if self._active is not None else ()) + headers
-        lines = [
-            f"HTTP/1.1 {code} {self.responses[code][0]}",
-            f"Content-Type: {content_type}",
-            f"Content-Length: {len(body)}",
-            f"Date: {self.date_time_string()}",
-        ]
-        if not any(k.lower() == "x-content-type-options" for k, _ in extra):
-            lines.append("X-Content-Type-Options: nosniff")
-        lines += [f"{k}: {v}" for k, v in extra]
-        if self.close_connection:
-            lines.append("Connection: close")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        self.wfile.write(head if self.command == "HEAD" else head + body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
-    live: LiveWebConfig
-
-    def get_request(self) -> tuple[Any, Any]:
-        """With TLS, wrap the accepted socket; the handshake runs on the connection's own thread
-        (bounded by the handler's timeout), so a slow client never blocks accepting others."""
-        sock, addr = self.socket.accept()
-        ctx = self.live.current().ssl_context
-        if ctx is None:
-            return sock, addr
-        return ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        """A scraper hanging up or failing the TLS handshake is routine: one DEBUG line."""
-        exc = sys.exc_info()[1]
-        if isinstance(exc, ConnectionError | TimeoutError | ssl.SSLError):
-            log.debug("client %s: %s", client_address, exc)
-        else:
-            log.exception("error serving %s", client_address)
-
-
-class _HTTP6Server(_HTTPServer):
-    address_family = socket.AF_INET6
+            return Reply(200 if ok else 503, reason.encode(), TEXT_PLAIN, headers)
+        if path == "/":
+            return Reply(200, INDEX, "text/html; charset=utf-8", headers)
+        return Reply(404, b"404 page not found\n", TEXT_PLAIN, headers)
 
 
 class Server:
@@ -161,14 +124,25 @@ class Server:
         *,
         openmetrics: bool = False,
         reload_check_s: float = 5.0,
+        max_connections: int = MAX_CONNECTIONS,
+        max_head_bytes: int = MAX_HEAD_BYTES,
+        head_timeout: float = HEAD_TIMEOUT,
+        idle_timeout: float = IDLE_TIMEOUT,
     ) -> None:
         self.web = LiveWebConfig(web if web is not None else WebConfig(), check_s=reload_check_s)
-        handler = type("Handler", (_Handler,), {"source": source, "openmetrics": openmetrics})
-        cls = _HTTP6Server if ":" in address[0] else _HTTPServer
-        self._httpd = cls(address, handler)
-        self._httpd.live = self.web
+        live = self.web
+        handler = type("Handler", (_Handler,), {"source": source, "openmetrics": openmetrics, "live": live})
         self._tls = self.web.tls
+        self._httpd = FrontServer(
+            address, handler, tls=(lambda: live.current().ssl_context) if self._tls else None,
+            max_head_bytes=max_head_bytes, head_timeout=head_timeout, idle_timeout=idle_timeout,
+            body_timeout=WRITE_TIMEOUT, max_connections=max_connections, logger=log)
         self._thread: threading.Thread | None = None
+
+    @property
+    def front(self) -> FrontServer:
+        """The HTTP front (its bounds, ``refused``, ``open_connections``)."""
+        return self._httpd
 
     @property
     def address(self) -> tuple[str, int]:
