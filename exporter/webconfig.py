@@ -8,11 +8,17 @@ file, the line and the key, never silently ignored.
 Applied: ``tls_server_config`` ``cert_file``/``key_file`` (or inline ``cert``/``key``),
 ``client_ca_file`` (or inline ``client_ca``), ``client_auth_type`` (``NoClientCert``,
 ``VerifyClientCertIfGiven``, ``RequireAndVerifyClientCert``), ``min_version``/``max_version``
-(``TLS10``..``TLS13``), ``prefer_server_cipher_suites``; ``http_server_config`` ``headers`` (the
-five the toolkit allows) and ``http2`` (accepted: this server speaks HTTP/1.1, which every HTTP/2
-client falls back to); ``basic_auth_users`` (bcrypt hashes, checked with the ``bcrypt`` package).
-Refused: ``cipher_suites``, ``curve_preferences``, ``client_allowed_sans``, ``rate_limit``, and the
-``RequestClientCert``/``RequireAnyClientCert`` policies (they accept unverified certificates).
+(``TLS10``..``TLS13``), ``prefer_server_cipher_suites`` (checked; Go ignores it since 1.17),
+``cipher_suites``, ``curve_preferences`` (one curve) and ``client_allowed_sans`` (``exporter.webtls``
+says how each maps onto OpenSSL); ``http_server_config`` ``headers`` (the five the toolkit allows)
+and ``http2`` (accepted: this server speaks HTTP/1.1, which every HTTP/2 client falls back to);
+``basic_auth_users`` (bcrypt hashes, checked with the ``bcrypt`` package); ``rate_limit``
+``interval``/``burst`` (``exporter.ratelimit``: 429 over it, before auth, as the toolkit does).
+Refused, with the reason: the ``RequestClientCert``/``RequireAnyClientCert``/``RequireClientCert``
+policies (they accept unverified certificates), a curve list longer than one (Python's ssl cannot
+order curves), Go's insecure cipher suites, settings that would refuse every connection or request
+(``burst: 0``, an empty SAN list) and settings that would do nothing (a client CA or SAN list
+without a client certificate policy).
 
 The file is checked at start (a bad file stops the exporter); later changes are picked up by
 ``exporter.webreload`` (the toolkit re-reads it per request).
@@ -25,7 +31,6 @@ import binascii
 import hashlib
 import os
 import ssl
-import tempfile
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,6 +38,13 @@ from typing import Any
 
 import bcrypt
 import yaml
+
+from exporter.ratelimit import RateLimit, parse_go_duration
+from exporter.webtls import TlsConfig, TlsSettingError, cipher_reason, curve_reason
+from exporter.webtls import build_ssl_context as _build_context
+
+__all__ = ["BasicAuth", "RateLimit", "TlsConfig", "WebConfig", "WebConfigError", "build_ssl_context",
+           "load_web_config", "parse_web_config"]
 
 _TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,
@@ -45,17 +57,13 @@ _CLIENT_AUTH = {
     "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
-_UNVERIFIED_AUTH = ("RequestClientCert", "RequireAnyClientCert")
+_UNVERIFIED_AUTH = ("RequestClientCert", "RequireAnyClientCert", "RequireClientCert")
 _HEADERS = ("Content-Security-Policy", "X-Frame-Options", "X-Content-Type-Options", "X-XSS-Protection",
             "Strict-Transport-Security")
 _TLS_KEYS = ("cert_file", "key_file", "cert", "key", "client_ca_file", "client_ca", "client_auth_type",
-             "min_version", "max_version", "prefer_server_cipher_suites")
-_REFUSED = {
-    "tls_server_config.cipher_suites": "cipher suite selection",
-    "tls_server_config.curve_preferences": "curve selection",
-    "tls_server_config.client_allowed_sans": "client SAN allow-lists",
-    "rate_limit": "rate limiting",
-}
+             "min_version", "max_version", "prefer_server_cipher_suites", "cipher_suites", "curve_preferences",
+             "client_allowed_sans")
+_TLS_LISTS = ("cipher_suites", "curve_preferences", "client_allowed_sans")
 # A valid hash of a random password: unknown users cost one bcrypt check too (no user probing by timing).
 _DUMMY_HASH = b"$2b$10$ydOjzNigIh7793b4TTtFS.pIAPggbS9uvnOMODksTqNnCa.LPZ1QG"
 _CACHE_MAX = 1024
@@ -74,19 +82,6 @@ class WebConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class TlsConfig:
-    cert_file: str | None
-    key_file: str | None
-    cert: str | None
-    key: str | None
-    client_ca_file: str | None
-    client_ca: str | None
-    client_auth: ssl.VerifyMode
-    min_version: ssl.TLSVersion
-    max_version: ssl.TLSVersion
-
-
-@dataclass(frozen=True)
 class WebConfig:
     """What a web config asks of the HTTP server. ``WebConfig()`` is plain HTTP, no auth."""
 
@@ -94,6 +89,7 @@ class WebConfig:
     users: Mapping[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
     headers: tuple[tuple[str, str], ...] = ()
     path: str = ""
+    rate_limit: RateLimit | None = None  # None: no limit
 
     def ssl_context(self) -> ssl.SSLContext | None:
         return None if self.tls is None else build_ssl_context(self.tls, self.path)
@@ -126,6 +122,18 @@ class _Doc:
             raise self.error(node, key, "expected a string")
         return str(node.value)
 
+    def strings(self, node: Any, key: str) -> list[tuple[Any, str]]:
+        if not isinstance(node, yaml.SequenceNode):
+            raise self.error(node, key, "expected a list of strings")
+        return [(item, self.string(item, key)) for item in node.value]
+
+    def integer(self, node: Any, key: str) -> int:
+        text = self.string(node, key)
+        try:
+            return int(text, 10)
+        except ValueError:
+            raise self.error(node, key, f"expected an integer, got {text!r}") from None
+
     def boolean(self, node: Any, key: str) -> bool:
         text = self.string(node, key).lower()
         if text not in ("true", "false"):
@@ -155,6 +163,7 @@ def parse_web_config(text: str, path: str = "<web-config>") -> WebConfig:
     tls: TlsConfig | None = None
     users: dict[str, bytes] = {}
     headers: list[tuple[str, str]] = []
+    rate: RateLimit | None = None
     for name, knode, vnode in doc.mapping(root, ""):
         if name == "tls_server_config":
             tls = _tls(doc, vnode)
@@ -162,24 +171,50 @@ def parse_web_config(text: str, path: str = "<web-config>") -> WebConfig:
             headers = _http(doc, vnode)
         elif name == "basic_auth_users":
             users = _users(doc, vnode)
-        elif name in _REFUSED:
-            raise doc.error(knode, name, f"{_REFUSED[name]} is not supported by gpu-exporter; remove the key")
+        elif name == "rate_limit":
+            rate = _rate_limit(doc, knode, vnode)
         else:
             raise doc.error(knode, name, "unknown key (expected tls_server_config, http_server_config, "
-                                         "basic_auth_users)")
-    return WebConfig(tls=tls, users=users, headers=tuple(headers), path=path)
+                                         "basic_auth_users, rate_limit)")
+    return WebConfig(tls=tls, users=users, headers=tuple(headers), path=path, rate_limit=rate)
+
+
+def _rate_limit(doc: _Doc, knode: Any, node: Any) -> RateLimit | None:
+    """``interval`` (a Go duration; 0 disables) and ``burst`` (requests allowed at once)."""
+    interval_s, burst, burst_node = 0.0, 0, knode
+    for name, nknode, vnode in doc.mapping(node, "rate_limit"):
+        key = f"rate_limit.{name}"
+        if name == "interval":
+            try:
+                interval_s = parse_go_duration(doc.string(vnode, key))
+            except ValueError as exc:
+                raise doc.error(vnode, key, f"{exc} (the time between two requests the limit allows)") from None
+            if interval_s < 0:
+                raise doc.error(vnode, key, "is negative (the time between two requests the limit allows)")
+        elif name == "burst":
+            burst, burst_node = doc.integer(vnode, key), vnode
+        else:
+            raise doc.error(nknode, key, "unknown key (expected interval, burst)")
+    if interval_s == 0:
+        return None  # exporter-toolkit: interval 0 (or absent) turns the limiter off
+    if burst < 1:
+        raise doc.error(burst_node, "rate_limit.burst", f"is {burst}: the token bucket would refuse every "
+                        "request with 429; give the number of requests allowed at once (at least 1)")
+    return RateLimit(interval_s, burst)
 
 
 def _tls(doc: _Doc, node: Any) -> TlsConfig:
     seen: dict[str, tuple[Any, str]] = {}
+    lists: dict[str, tuple[Any, list[tuple[Any, str]]]] = {}
     for name, knode, vnode in doc.mapping(node, "tls_server_config"):
         key = f"tls_server_config.{name}"
-        if key in _REFUSED:
-            raise doc.error(knode, key, f"{_REFUSED[key]} is not supported by gpu-exporter; remove the key")
         if name not in _TLS_KEYS:
             raise doc.error(knode, key, "unknown key (expected one of " + ", ".join(_TLS_KEYS) + ")")
         if name == "prefer_server_cipher_suites":
             doc.boolean(vnode, key)
+            continue
+        if name in _TLS_LISTS:
+            lists[name] = (knode, doc.strings(vnode, key))
             continue
         seen[name] = (knode, doc.string(vnode, key))
 
@@ -222,6 +257,7 @@ def _tls(doc: _Doc, node: Any) -> TlsConfig:
     if versions[0] > versions[1]:
         raise doc.error(seen.get("min_version", (node, ""))[0], "tls_server_config.min_version",
                         "is above max_version")
+    ciphers, curve, sans = _tls_lists(doc, lists, auth)
     base = os.path.dirname(doc.path)
 
     def file(name: str) -> str | None:  # relative paths are relative to the config file, as in the toolkit
@@ -229,7 +265,38 @@ def _tls(doc: _Doc, node: Any) -> TlsConfig:
         return None if value is None else os.path.join(base, value)
 
     return TlsConfig(file("cert_file"), file("key_file"), get("cert"), get("key"), file("client_ca_file"),
-                     get("client_ca"), auth, versions[0], versions[1])
+                     get("client_ca"), auth, versions[0], versions[1], ciphers, curve, sans)
+
+
+def _tls_lists(doc: _Doc, lists: dict[str, tuple[Any, list[tuple[Any, str]]]], auth: ssl.VerifyMode
+               ) -> tuple[tuple[str, ...], str | None, tuple[str, ...] | None]:
+    """cipher_suites, curve_preferences and client_allowed_sans, each checked (exporter.webtls)."""
+    ciphers: list[str] = []
+    for item, name in lists.get("cipher_suites", (None, []))[1]:
+        reason = cipher_reason(name)
+        if reason is not None:
+            raise doc.error(item, "tls_server_config.cipher_suites", reason)
+        ciphers.append(name)
+    curve = None
+    if "curve_preferences" in lists:
+        knode, items = lists["curve_preferences"]
+        reason = curve_reason([name for _, name in items])
+        if reason is not None:
+            bad = next((i for i, n in items if curve_reason([n]) is not None), knode)
+            raise doc.error(bad, "tls_server_config.curve_preferences", reason)
+        curve = items[0][1] if items else None
+    sans = None
+    if "client_allowed_sans" in lists:
+        knode, items = lists["client_allowed_sans"]
+        what = "client_allowed_sans lists the client-certificate SANs (DNS, IP, e-mail, URI) allowed to connect"
+        if not items:
+            raise doc.error(knode, "tls_server_config.client_allowed_sans", f"is empty: no client could "
+                            f"connect ({what}); list at least one SAN or remove the key")
+        if auth == ssl.CERT_NONE:
+            raise doc.error(knode, "tls_server_config.client_allowed_sans", f"would not be used without client "
+                            f"certificates ({what}); set client_auth_type: RequireAndVerifyClientCert")
+        sans = tuple(name for _, name in items)
+    return tuple(ciphers), curve, sans
 
 
 def _http(doc: _Doc, node: Any) -> list[tuple[str, str]]:
@@ -270,42 +337,11 @@ def _users(doc: _Doc, node: Any) -> dict[str, bytes]:
 
 
 def build_ssl_context(tls: TlsConfig, path: str = "<web-config>") -> ssl.SSLContext:
-    """A server-side context; raises ``WebConfigError`` naming the file when a PEM does not load."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = tls.min_version
-    ctx.maximum_version = tls.max_version
+    """A server-side context; raises ``WebConfigError`` naming the file and key when it cannot be made."""
     try:
-        if tls.cert_file is not None and tls.key_file is not None:
-            ctx.load_cert_chain(tls.cert_file, tls.key_file)
-        else:
-            _load_inline_chain(ctx, tls)
-    except (OSError, ssl.SSLError) as exc:
-        raise WebConfigError(path, 0, "tls_server_config.cert_file", f"cannot load certificate/key: {exc}") from exc
-    ctx.verify_mode = tls.client_auth
-    try:
-        if tls.client_ca_file is not None:
-            ctx.load_verify_locations(cafile=tls.client_ca_file)
-        elif tls.client_ca is not None:
-            ctx.load_verify_locations(cadata=tls.client_ca)
-    except (OSError, ssl.SSLError) as exc:
-        raise WebConfigError(path, 0, "tls_server_config.client_ca_file", f"cannot load client CA: {exc}") from exc
-    return ctx
-
-
-def _load_inline_chain(ctx: ssl.SSLContext, tls: TlsConfig) -> None:
-    """``ssl`` loads chains from files only: inline PEMs go through a private temp dir."""
-    with tempfile.TemporaryDirectory(prefix="gpu-exporter-tls-") as tmp:
-        names = []
-        for name, file_value, inline in (("cert.pem", tls.cert_file, tls.cert), ("key.pem", tls.key_file, tls.key)):
-            if file_value is not None:
-                names.append(file_value)
-                continue
-            target = os.path.join(tmp, name)
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(inline or "")
-            names.append(target)
-        ctx.load_cert_chain(names[0], names[1])
+        return _build_context(tls)
+    except TlsSettingError as exc:
+        raise WebConfigError(path, 0, f"tls_server_config.{exc.key}", exc.reason) from exc
 
 
 class BasicAuth:

@@ -6,6 +6,8 @@ are checked at most every ``check_s`` seconds, on a new connection or request; a
 re-parsed and, when valid, replaces the old one at once. An invalid change is logged once at
 WARNING and the last good config stays in force. Turning TLS on or off needs a restart (the
 scheme probes and scrapers use would change under them): such a change is refused the same way.
+A changed ``rate_limit`` applies at once with a full bucket (the toolkit keeps the limiter it
+started with until a restart); an unchanged one keeps its bucket across reloads.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from exporter.ratelimit import TokenBucket
 from exporter.webconfig import BasicAuth, WebConfig, WebConfigError, load_web_config
 
 log = logging.getLogger(__name__)
@@ -27,15 +30,23 @@ Signature = tuple[tuple[str, int, int] | tuple[str], ...]
 
 @dataclass(frozen=True)
 class Active:
-    """What a connection uses: the TLS context (None = plain HTTP), basic auth, extra headers."""
+    """What a connection uses: the TLS context (None = plain HTTP), basic auth, extra headers, the
+    rate limiter (None = none) and the client SANs allowed (None = any)."""
 
     ssl_context: ssl.SSLContext | None
     auth: BasicAuth
     headers: tuple[tuple[str, str], ...]
+    limiter: TokenBucket | None = None
+    allowed_sans: tuple[str, ...] | None = None
 
 
-def _activate(web: WebConfig) -> Active:
-    return Active(web.ssl_context(), BasicAuth(web.users), web.headers)
+def _activate(web: WebConfig, previous: Active | None = None) -> Active:
+    limiter = None
+    if web.rate_limit is not None:
+        old = previous.limiter if previous is not None else None
+        limiter = old if old is not None and old.limit == web.rate_limit else TokenBucket(web.rate_limit)
+    sans = web.tls.client_allowed_sans if web.tls is not None else None
+    return Active(web.ssl_context(), BasicAuth(web.users), web.headers, limiter, sans)
 
 
 def _files(web: WebConfig) -> list[str]:
@@ -104,7 +115,7 @@ class LiveWebConfig:
             web = self._loader(path)
             if (web.tls is None) != (self._web.tls is None):
                 raise WebConfigError(path, 0, "tls_server_config", "turning TLS on or off needs a restart")
-            active = _activate(web)
+            active = _activate(web, self._active)
         except WebConfigError as exc:
             # Keep the new signature so one bad edit is logged once, and retried when it changes again.
             self._signature = sig
