@@ -3,13 +3,16 @@
 One object per process, passed to the pipeline, the senders and the HTTP server. Other modules
 may register more metrics on the same registry (the cardinality metrics live with their owner).
 Gauges about queues are set by whoever owns the queue (the runtime) just before each scrape.
+No ``_created`` series (a counter's or histogram's creation time, one extra series each, which
+Prometheus's text parser stores as a sample of its own): constructing ``RelayMetrics`` turns them
+off for the process (prometheus_client's ``disable_created_metrics``), in both exposition formats.
 """
 
 from __future__ import annotations
 
 import contextlib
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, disable_created_metrics
 
 from relay import __version__, native
 
@@ -21,6 +24,8 @@ class RelayMetrics:
     """Every ``gpu_relay_*`` self-metric as an attribute named like the exposed series."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        # read at collect time, so this also covers families other modules register
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry
         p = PREFIX
         # ingest side
