@@ -20,6 +20,7 @@ from relay.config.model import (
     SigV4Config,
 )
 from relay.config.promremote import default_name
+from relay.rules import relabel_config
 from tests.helpers import REPO_ROOT, TEST_DATA
 
 DOC = REPO_ROOT / "docs" / "relay-config.md"
@@ -28,6 +29,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "": config.ROOT_KEYS,
     "server.": config.SERVER_KEYS,
     "global.": ("relabel_configs",),
+    "relabel_configs[].": relabel_config.FIELDS,  # one rule of any of the three relabel lists
     "storage.": ("path",),
     "scrape[].": config.SCRAPE_KEYS,
     "scrape[].static_configs[].": ("targets",),
@@ -120,3 +122,8 @@ def test_the_moved_entry_example_is_the_seed_s_remote_write_entry_as_a_dry_run_d
     assert moved.warnings == ()  # nothing left that the relay does not honour
     assert [d.dry_run for d in moved.destinations] == [True]
     assert [dataclasses.replace(d, dry_run=False) for d in moved.destinations] == list(pasted)
+
+
+def test_relabel_rule_keys_are_the_fields_of_the_rule_model() -> None:
+    fields = {f.name for f in dataclasses.fields(relabel_config.RelabelConfig) if f.init}  # not the caches
+    assert set(relabel_config.FIELDS) == fields
