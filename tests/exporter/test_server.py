@@ -198,3 +198,11 @@ def test_stop_releases_the_port() -> None:
     s2 = Server(("127.0.0.1", port), c)  # rebinding works: the socket was closed
     s2.stop()
     assert s2.address[1] == port
+
+
+def test_metrics_have_no_created_series(env: Env) -> None:
+    env[1].collect_once()
+    body = fetch(env[3], "/metrics")[2].decode()
+    names = {line.split("{", 1)[0].split(" ", 1)[0] for line in body.splitlines() if line and line[0] != "#"}
+    assert any(n.startswith("gpu_exporter_") and n.endswith("_total") for n in names)  # counters are there
+    assert [n for n in names if n.endswith("_created")] == []
