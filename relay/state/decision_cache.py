@@ -27,6 +27,7 @@ _c = native.load("cdcache")
 
 ENTRY_OVERHEAD = 260  # dict slot, key object, decision and input tuples, input id (bench/pipeline_memory_bench)
 DEST_OVERHEAD = 120  # per destination that sends or aggregates: tuple, output bytes object, id
+DICT_SLOT = 40  # of ENTRY_OVERHEAD, the dict table's share: held by a popped entry until the dict empties
 
 
 def entry_bytes(key: bytes, decision: wire.Decision) -> int:
@@ -39,13 +40,45 @@ def entry_bytes(key: bytes, decision: wire.Decision) -> int:
     return size
 
 
+def _index_size(n: int) -> int:
+    """The index size of a native table that grew to ``n`` entries (cdcache.c reserve_one: from 8,
+    doubled while ``n`` entries fill over 3/4)."""
+    isize = 8
+    while n * 4 > isize * 3:
+        isize *= 2
+    return isize
+
+
+def resident_entries(start: int, n: int) -> int:
+    """Entries whose room a native table that grew to ``start`` entries still holds now that it has
+    ``n`` (only removals since): its entry array gives pages back only when the index shrinks
+    (cdcache.c maybe_shrink: index under 3/16 full; the array cut to twice the entries left)."""
+    if n <= 0:
+        return 0
+    isize, resident = _index_size(start), start
+    while isize > 8:
+        at = (isize * 3 - 1) // 16  # the entries left when the next shrink happens
+        if n > at:
+            break
+        while isize > 8 and at * 16 < isize * 3:
+            isize //= 2
+        resident = min(resident, max(2 * at, 6))
+    return resident
+
+
 def native_table() -> bool:
     """True when the generations are native DecisionTables."""
     return _c is not None
 
 
 class DecisionCache:
-    """Not thread-safe: the pipeline calls it under its lock."""
+    """Not thread-safe: the pipeline calls it under its lock.
+
+    The budget is what the cache costs in memory, both generations together: a generation's arrays
+    give their memory back late (a dict's table when it empties, a native table's entries when its
+    index shrinks), so the old generation counts the room it still holds (``resident_entries``). Each
+    generation is kept to half the budget: the young one fills to half, while the old one is popped
+    in proportion (empty when the young one is full), then they swap."""
 
     def __init__(self, max_bytes: int, *, table: bool | None = None) -> None:
         """``table``: use the native DecisionTable (default: when it is built and not turned off)."""
@@ -57,6 +90,8 @@ class DecisionCache:
         self.young: dict[bytes, wire.Decision] = self._new()
         self._old: dict[bytes, wire.Decision] = self._new()
         self._young_bytes = self._old_bytes = 0  # the dict generations' estimated bytes
+        self._old_start = 0  # the old generation's entries when it became old
+        self._young_since: float | None = None  # when the young generation began (age())
 
     def _new(self, width: int = 0) -> dict[bytes, wire.Decision]:
         return {} if self._table is None else cast(dict[bytes, wire.Decision], self._table(width))
@@ -65,10 +100,25 @@ class DecisionCache:
     def native(self) -> bool:
         return self._table is not None
 
-    def size(self) -> int:
+    def _young_cost(self) -> int:
         if self._table is not None:
-            return int(self._nbytes(self.young) + self._nbytes(self._old))
-        return self._young_bytes + self._old_bytes
+            return self._nbytes(self.young)
+        return self._young_bytes
+
+    def size(self) -> int:
+        """What the cache costs in memory: the young generation as it stands, the old one with the
+        room its arrays still hold (a dict's table until it empties, a native table's entries until
+        its index shrinks)."""
+        return self._young_cost() + self._old_real()
+
+    def _old_real(self) -> int:
+        n = len(self._old)
+        if not n:
+            return 0
+        if self._table is not None:
+            words: int = 4 + 3 * (cast(Any, self._old).width - 1)  # cdcache.c: HDR + 3 a destination
+            return self._nbytes(self._old) + (resident_entries(self._old_start, n) - n) * words * 8
+        return self._old_bytes + (self._old_start - n) * DICT_SLOT
 
     @staticmethod
     def _nbytes(table: object) -> int:
@@ -91,28 +141,54 @@ class DecisionCache:
         return decision
 
     def evict(self) -> None:
-        if self._table is not None:
-            self._evict_tables()
-            return
-        while self._young_bytes + self._old_bytes > self.max_bytes:
-            if not self._old:
-                self._old, self.young = self.young, {}
-                self._old_bytes, self._young_bytes = self._young_bytes, 0
-                if not self._old:
-                    break
-            key, decision = self._old.popitem()
-            self._old_bytes -= entry_bytes(key, decision)
+        """Keep the cost within the budget: swap when the young generation reaches half of it, pop
+        the old one in proportion to how full the young one is (a few entries a request)."""
+        half = self.max_bytes // 2
+        young = self._young_cost()
+        if len(self._old) > self._old_start:  # generations swapped from outside (tests)
+            self._old_start = len(self._old)
+        if young >= half and len(self.young):
+            self._swap()
+            young = 0
+        if self._old and young + self._old_real() > self.max_bytes:
+            self._drop_old()  # over the budget even so (a zero budget, or lowered by a reload)
+        if self._old:
+            keep = max(0, self._old_start - self._old_start * young // half) if half else 0
+            old = self._old
+            while len(old) > keep:
+                key, decision = old.popitem()
+                if self._table is None:
+                    self._old_bytes -= entry_bytes(key, decision)
+            if not old:
+                self._drop_old()
 
-    def _evict_tables(self) -> None:
-        nbytes = self._nbytes
-        young = nbytes(self.young)
-        old = nbytes(self._old)
-        while young + old > self.max_bytes:
-            if not self._old:
-                width = cast(Any, self.young).width
-                self._old, self.young = self.young, self._new(width)
-                old, young = young, 0
-                if not self._old:
-                    break
-            self._old.popitem()
-            old = nbytes(self._old)
+    def _swap(self) -> None:
+        self._drop_old()
+        width = cast(Any, self.young).width if self._table is not None else 0
+        self._old, self.young = self.young, self._new(width)
+        self._old_bytes, self._young_bytes = self._young_bytes, 0
+        self._old_start = len(self._old)
+
+    def _drop_old(self) -> None:
+        """A fresh old generation: what was left in it is forgotten, its arrays freed."""
+        if self._old:
+            width = cast(Any, self._old).width if self._table is not None else 0
+            self._old = self._new(width)
+        self._old_bytes = self._old_start = 0
+
+    def age(self, now: float, horizon_s: float) -> bool:
+        """Forget what was not looked up for about two ``horizon_s``: once the young generation is
+        ``horizon_s`` old, the old one is dropped and the young one becomes the old one. True when
+        a generation was dropped or swapped (memory may be given back)."""
+        if self._young_since is None or now < self._young_since:
+            self._young_since = now  # first call, or the clock stepped back: start from now
+            return False
+        if now - self._young_since < horizon_s:
+            return False
+        self._young_since = now
+        changed = bool(self._old) or bool(len(self.young))
+        if len(self.young):
+            self._swap()
+        else:
+            self._drop_old()
+        return changed

@@ -38,6 +38,7 @@ from relay.common.metrics import RelayMetrics
 from relay.config.config import Config
 from relay.delivery.queue.durable import DurableQueue, Piece
 from relay.ingest import wire
+from relay.state import memory_trim
 from relay.state.cardinality import CardinalityMetrics, DestinationStats
 from relay.state.decide import Decider
 from relay.state.decision_cache import DecisionCache
@@ -147,10 +148,9 @@ class Pipeline(Decider):
         self._plan_decisions(external)
 
     def _take_over(self, previous: Pipeline) -> None:
-        """On reload, keep per-series state: collision owners per destination, and aggregation
-        windows in progress (with counters' running totals) where the aggregate rules did not change.
-        Where they changed, the old rules' open windows are emitted (early, as they stand) by the
-        next flush instead of being lost."""
+        """On reload, keep per-series state: collision owners per destination, and aggregation windows
+        in progress (with counters' running totals) where the aggregate rules did not change; where they
+        changed, the old rules' open windows are emitted early by the next flush instead of being lost."""
         old = {s.name: s for s in previous.stages}
         self._orphans = previous._orphans
         for stage in self.stages:
@@ -163,7 +163,6 @@ class Pipeline(Decider):
             elif o.aggregator is not None and o.aggregator.windows():
                 self._orphans.append((stage, o))
 
-    # -- the decision cache --------------------------------------------------------------------------
     def cache_bytes(self) -> int:
         return self.cache.size()
 
@@ -175,8 +174,7 @@ class Pipeline(Decider):
             self.cache.max_bytes = n
             self.cache.evict()
 
-    def _labels(self, lb: bytes) -> Labels:
-        """Labels of input or output label bytes: decided in this request, else decoded."""
+    def _labels(self, lb: bytes) -> Labels:  # input or output label bytes: decided in this request, else decoded
         return self._scratch[lb]
 
     # -- the per-series pass: every occurrence ---------------------------------------------------------
@@ -376,15 +374,20 @@ class Pipeline(Decider):
                 stage.queue.put(pieces)
 
     def expire(self) -> None:
+        """Forget what left the window (series, owners, counter families, decisions unused for about
+        a window); then the heap's free memory goes back to the system, outside the lock."""
         with self.lock:
             self.tracker_in.expire()
             alive = self.tracker_in.has()
             for stage in self.stages:
                 stage.stats.tracker_out.expire()
                 stage.owners.expire(alive)
-            horizon = self.clock() - self.tracker_in.window_s
+            now = self.clock()
+            horizon = now - self.tracker_in.window_s
             for family in [f for f, t in self.counters.items() if t < horizon]:
                 del self.counters[family]
+            self.cache.age(now, self.tracker_in.window_s / 2)
+        memory_trim.trim()
 
     def state_sizes(self) -> dict[str, int]:
         """Entries in each per-series or per-name structure (tests, bench, debugging)."""
