@@ -91,7 +91,7 @@ _SPEC: tuple[_Spec, ...] = (
      "GPUs for --backend simulated (default 8)"),
     ("simulate_workloads", ("--simulate-workloads",), "GPU_EXPORTER_SIMULATE_WORKLOADS", None, "", False,
      "scripted GPUs for --backend simulated: 0:training,1:nccl_hang (training, idle, checkpoint, eval, "
-     "data_starved, nccl_hang, finished_holding)"),
+     "data_starved, nccl_hang, finished_holding, stalled)"),
     ("kubernetes", ("--kubernetes", "-k"), "GPU_EXPORTER_KUBERNETES", "DCGM_EXPORTER_KUBERNETES", "false", True,
      "add pod, namespace, container from the kubelet PodResources API"),
     ("pod_resources_socket", ("--pod-resources-socket", "--pod-resources-kubelet-socket"),

@@ -6,7 +6,7 @@ data-loading dips and a checkpoint pause every 5 minutes, draws ~690 W power-cap
 (1980 MHz boost when the cap lets go), and heats from 31 to 56 C with a one-minute lag. Every
 fourth GPU holds its memory but does no work (a stuck job) so dashboards show contrast.
 ``workloads={0: "nccl_hang", ...}`` scripts a GPU instead (:mod:`exporter.workloads`: training, idle,
-checkpoint, eval, data_starved, nccl_hang, finished_holding), its compute process count included.
+checkpoint, eval, data_starved, nccl_hang, finished_holding, stalled), its compute process count included.
 
 State advances in fixed one-second steps, so the values at a time ``t`` are a pure function of
 ``(seed, t)`` whatever the read schedule. The energy counter is the exact integral of power.

@@ -15,6 +15,7 @@ phase's value), so a time ``t`` gives the same values whatever the read schedule
 | ``data_starved`` | input-bound: util ~30 %, tensor ~0.12, PCIe RX ~2.5 GiB/s, ~260 W |
 | ``nccl_hang`` | train 2 min, then a collective hang: util 100 %, tensor 0, DRAM ~0.01, ~175 W (0.25 x limit) |
 | ``finished_holding`` | train 2 min, then finished: the process exits, the pod keeps the GPU (util 0, no process) |
+| ``stalled`` | train 2 min, then stuck off the GPU (a dead data loader): process and memory stay, util 0, ~90 W |
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ CHECKPOINT = Phase(3, 0.03, 0.02, 0.01, 0.0, 0.02, 135, 9000, 50, 71000, 1980, 1
 EVAL = Phase(70, 0.68, 0.55, 0.25, 0.22, 0.30, 380, 150, 800, 71000, 1980, 1)
 STARVED = Phase(30, 0.30, 0.25, 0.10, 0.12, 0.10, 260, 300, 2500, 60000, 1980, 1)
 HANG = Phase(100, 0.99, 0.08, 0.02, 0.0, 0.01, 175, 0.5, 0.5, 71000, 1980, 1)
+STALLED = Phase(0, 0.0, 0.0, 0.0, 0.0, 0.0004, 90, 0.5, 0.2, 71000, 1980, 1)
 FINISHED = Phase(0, 0.0, 0.0, 0.0, 0.0, 0.0004, 80, 0.5, 0.2, 0, 345, 0)
 FOREVER = float("inf")
 
@@ -63,6 +65,7 @@ WORKLOADS: dict[str, tuple[tuple[float, Phase], ...]] = {
     "data_starved": ((FOREVER, STARVED),),
     "nccl_hang": ((120.0, TRAIN), (FOREVER, HANG)),
     "finished_holding": ((120.0, TRAIN), (FOREVER, FINISHED)),
+    "stalled": ((120.0, TRAIN), (FOREVER, STALLED)),
 }
 
 

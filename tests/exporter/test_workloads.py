@@ -51,6 +51,8 @@ def held_idle(v: dict[str, float]) -> bool:  # GPUHeldIdle's: activity < 1 %, ut
         ("nccl_hang", 60, False, False, 1),  # still training
         ("nccl_hang", 600, True, False, 1),
         ("finished_holding", 600, False, True, 0),
+        ("stalled", 60, False, False, 1),  # still training
+        ("stalled", 600, False, True, 1),  # quiet, but its process and memory stay
     ],
 )
 def test_each_workload_shows_its_signature(workload: str, t: float, hang: bool, idle: bool, procs: int) -> None:
