@@ -280,8 +280,9 @@ def test_bad_web_config_exits_2_naming_file_line_and_key(tmp_path: Path, capsys:
     be = FakeBackend(n=1)
     assert main(["--web-config-file", str(web)], backend_factory=lambda _: be) == EXIT_USAGE
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"gpu-exporter: error: {web}:4: tls_server_config.cipher_suites: cipher suite selection is "
-                   "not supported by gpu-exporter; remove the key"]
+    assert err == [f"gpu-exporter: error: {web}:4: tls_server_config.cipher_suites: unknown cipher suite 'X' "
+                   "(cipher_suites lists the TLS 1.2 suites the server may negotiate, by Go's names, e.g. "
+                   "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256)"]
 
 
 def test_web_config_from_dcgm_env_is_read_never_ignored(
