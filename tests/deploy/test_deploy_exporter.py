@@ -317,3 +317,14 @@ def test_profiling_component_composes_with_pod_metadata(tmp_path: Path) -> None:
     c = container(find(docs, "DaemonSet")["spec"]["template"]["spec"], "gpu-exporter")
     assert c["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"]
     assert "--kubernetes-enable-pod-uid" in c["args"]
+
+
+def test_host_pid_component_sets_host_pid_and_nothing_else(tmp_path: Path) -> None:
+    docs = _render_with(tmp_path, ["exporter/host-pid"])
+    ds = find(docs, "DaemonSet")
+    assert ds["spec"]["template"]["spec"]["hostPID"] is True
+    assert kubernetes_validate.validate(ds, K8S_VERSION, strict=True) == K8S_VERSION
+    base = find(render("exporter"), "DaemonSet")
+    assert "hostPID" not in base["spec"]["template"]["spec"]  # the base stays in its own PID namespace
+    base["spec"]["template"]["spec"]["hostPID"] = True
+    assert ds == base  # the one difference
