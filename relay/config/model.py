@@ -91,6 +91,8 @@ class QueueConfig:
     # the fewest shards the sender runs; it runs more, up to max_shards, when sending falls behind
     # (relay.shardplan; Prometheus's min_shards, same default)
     min_shards: int = 1
+    # a 401/403: "hold" keeps the batch queued and retries (credentials refreshed first), "drop" drops it
+    on_auth_error: str = "hold"
 
 
 def no_headers() -> Mapping[str, str]:

@@ -32,7 +32,7 @@ _SIGV4_HEADERS = ("authorization", "x-amz-date", "x-amz-security-token", "x-amz-
 _AMP_HOST_RE = re.compile(r"aps-workspaces(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com")
 _REGION_RE = re.compile(r"[a-z0-9-]+")
 QUEUE_KEYS = ("max_samples_per_send", "batch_send_deadline", "max_shards", "min_shards", "min_backoff",
-              "max_backoff", "max_sample_age", "max_disk", "timeout")  # fmt: skip
+              "max_backoff", "max_sample_age", "max_disk", "timeout", "on_auth_error")  # fmt: skip
 NULL_RULE = "empty or null relabeling rule"  # Prometheus's words
 
 
@@ -218,7 +218,11 @@ def queue(r: Reader, m: Mapping[str, Node], paths: Mapping[str, str]) -> QueueCo
         r.size(n("max_disk"), p("max_disk"), d.max_disk),
         r.duration(n("timeout"), p("timeout"), d.timeout, positive=True),
         min_shards=r.integer(n("min_shards"), p("min_shards"), d.min_shards),
+        on_auth_error=r.string(n("on_auth_error"), p("on_auth_error"), d.on_auth_error),
     )
+    if q.on_auth_error not in ("hold", "drop"):
+        r.error(n("on_auth_error") or m["on_auth_error"], p("on_auth_error"),
+                f'must be "hold" or "drop", not "{q.on_auth_error}"')
     if q.min_shards > q.max_shards:
         if r.is_absent(n("max_shards")):  # only min_shards set, above the default most: it is the most too
             q = dataclasses.replace(q, max_shards=q.min_shards)

@@ -15,9 +15,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from relay.common.metrics import RelayMetrics
 from relay.common.ratelog import RateLimitedLog
+from relay.delivery.health import ClockWatch, DestinationHealth
 from relay.delivery.queue.durable import DurableQueue
 from relay.delivery.send_policy import (
     backoff_delay,
@@ -41,20 +43,27 @@ class SenderSettings:
     max_backoff: float = 5.0
     max_sample_age: float = 3600.0
     timeout: float = 30.0
+    on_auth_error: Literal["hold", "drop"] = "hold"  # a 401/403: keep the batch queued and retry, or drop it
+
+
+AUTH_STATUSES = (401, 403)
+AUTH_MAX_BACKOFF = 30.0  # a held 401/403 is retried at least this often at the longest (not max_backoff's 5s)
+SPLIT_STATUSES = (400, 413)
+SPLIT_REASONS = {400: "refused", 413: "too_large"}  # a SendResult's reason: split me and send the halves
 
 
 @dataclass(frozen=True, slots=True)
 class SendResult:
     ok: bool
     status: int  # last HTTP status, 0 for a network error
-    reason: str  # "sent", "partial", "http_<code>", "too_old", "too_large" (split me), "shutdown"
+    reason: str  # "sent", "partial", "http_<code>", "too_old", "too_large"/"refused" (split me), "shutdown"
     retried: int  # attempts after the first
     dropped_samples: int  # samples given up on (0 when sent or interrupted)
 
     @property
     def final(self) -> bool:
         """Sent or given up on: its entries can be acked (False: interrupted, or to be split)."""
-        return self.reason not in ("shutdown", "too_large")
+        return self.reason not in ("shutdown", *SPLIT_REASONS.values())
 
 
 
@@ -84,63 +93,127 @@ class BatchSender:
     _failed_posts: int
     _posts: int
     _since: dict[int, float]  # thread -> when its request in flight began (monotonic)
+    health: DestinationHealth  # what the status page shows (relay.delivery.health)
+    watch: ClockWatch | None  # wall-clock steps (None: an injected wall clock without its monotonic twin)
+    _auth_warned: bool  # the WARNING of entering auth_blocked was logged: log the INFO of leaving it
 
     def send_batch(self, body: bytes, samples: int, oldest: float, *, splittable: bool = False) -> SendResult:
         """POST one snappy-compressed batch with retries; ``oldest`` is the unix time of its oldest
-        sample. ``splittable``: a 413 returns reason "too_large" (nothing counted) for the caller
-        to split."""
-        return self._send_batch(body, samples, oldest, lambda: splittable)
+        sample. ``splittable``: a 413 returns reason "too_large", a 400 "refused" (nothing counted)
+        for the caller to split."""
+        return self._send_batch(body, samples, oldest, lambda _status: splittable)
 
-    def _send_batch(self, body: bytes, samples: int, oldest: float, can_split: Callable[[], bool]) -> SendResult:
-        """send_batch; ``can_split()`` is asked only after a 413 (True: return "too_large")."""
+    def _send_batch(self, body: bytes, samples: int, oldest: float, can_split: Callable[[int], bool],
+                    describe: Callable[[], str] | None = None) -> SendResult:
+        """send_batch; ``can_split(status)`` is asked only after a 400 or 413 (True: return "refused" or
+        "too_large"); ``describe()``: the example series a final 4xx names in its log line."""
+        key = threading.get_ident()
+        try:
+            return self._attempts(body, samples, oldest, can_split, describe, key)
+        finally:
+            self.health.settled(key)  # (interrupted or answered: not held any more)
+
+    def _attempts(self, body: bytes, samples: int, oldest: float, can_split: Callable[[int], bool],
+                  describe: Callable[[], str] | None, key: int) -> SendResult:
         s = self.settings
         dest = self.name
+        started = self._now()
         deadline = oldest + s.max_sample_age
-        backoff = s.min_backoff
+        backoff = auth_backoff = s.min_backoff
+        hold = s.on_auth_error == "hold"
         attempt = 0
         refreshed = False
         last_status = 0
         while True:
-            if self.clock() > deadline:
-                self._log_failure("too_old", f"{dest}: dropping {samples} samples older than max_sample_age")
+            if self._now() > self._corrected(deadline, started):
+                self._log_failure("too_old", f"{dest}: dropping {samples} samples older than max_sample_age "
+                                  f"({s.max_sample_age:.0f}s)")
                 return self._fail(samples, last_status, "too_old", attempt)
             resp = self._post(body, attempt)
             if resp is None:
                 return SendResult(False, last_status, "shutdown", attempt, 0)
             last_status = resp.status
             kind = classify(resp.status, resp.body)
+            held = hold and resp.status in AUTH_STATUSES and kind != "ok"
+            if not held:
+                self._auth_cleared(key, resp.status, retrying=kind == "retry")
             if kind == "ok":
                 return self._sent(resp, samples, attempt)
             reason = failure_reason(resp.status, resp.body)
             self.last_error = (self.clock(), f"HTTP {resp.status}: {first_line(resp.body)}"
                                if resp.status else
                                f"{reason} error: {first_line(resp.body.removeprefix(CREDENTIALS_PREFIX))}")
-            if resp.status == 413 and can_split():
-                return SendResult(False, 413, "too_large", attempt, 0)
+            if resp.status in SPLIT_STATUSES and can_split(resp.status):
+                return SendResult(False, resp.status, SPLIT_REASONS[resp.status], attempt, 0)
             if kind == "refresh" and not refreshed and self.auth_refresh is not None:
                 refreshed = True
                 self._log_failure("expired_token", f"{dest}: HTTP 403 expired token; refreshing credentials "
                                   f"and retrying: {first_line(resp.body)}")
-                try:
-                    self.auth_refresh()
-                except Exception as e:
-                    self._log_failure("credentials", f"{dest}: credential refresh failed: {type(e).__name__}")
+                self._refresh()
                 attempt += 1
                 self.metrics.samples_retried_total.labels(dest, "expired_token").inc(samples)
                 continue
+            if held:  # kept in the queue: retried with capped backoff, credentials refreshed first
+                self._auth_held(key, resp)
+                cap = max(s.max_backoff, AUTH_MAX_BACKOFF)
+                delay = backoff_delay(auth_backoff, cap, self._rng.random())
+                delay = min(delay, max(0.0, self._corrected(deadline, started) - self._now()) + 0.001)
+                if self._sleep(delay):
+                    return SendResult(False, resp.status, "shutdown", attempt, 0)
+                auth_backoff = min(auth_backoff * 2, cap)
+                self._refresh()
+                attempt += 1
+                self.metrics.samples_retried_total.labels(dest, reason).inc(samples)
+                continue
             if kind != "retry":
-                return self._rejected(resp, samples, attempt)
+                return self._rejected(resp, samples, attempt, describe)
             self._log_failure(reason, f"{dest}: {self.last_error[1]}; retrying")
             delay = backoff_delay(backoff, s.max_backoff, self._rng.random())
             retry_after = parse_retry_after(resp.headers.get("retry-after"), self.clock())
             if retry_after is not None:
                 delay = max(delay, retry_after)
-            delay = min(delay, max(0.0, deadline - self.clock()) + 0.001)
+            delay = min(delay, max(0.0, self._corrected(deadline, started) - self._now()) + 0.001)
             if self._sleep(delay):
                 return SendResult(False, resp.status, "shutdown", attempt, 0)
             backoff = min(backoff * 2, s.max_backoff)
             attempt += 1
             self.metrics.samples_retried_total.labels(dest, reason).inc(samples)
+
+    # -- the clock and the credentials -------------------------------------------------------------
+    def _now(self) -> float:
+        """The wall clock, checked against the monotonic one (a step is logged once)."""
+        return self.clock() if self.watch is None else self.watch.check()
+
+    def _corrected(self, t: float, taken_at: float) -> float:
+        """``t`` (read at wall time ``taken_at``) moved past every forward clock step since."""
+        return t if self.watch is None else self.watch.corrected(t, taken_at)
+
+    def _refresh(self) -> None:
+        if self.auth_refresh is None:
+            return
+        try:
+            self.auth_refresh()
+        except Exception as e:
+            self._log_failure("credentials", f"{self.name}: credential refresh failed: {type(e).__name__}")
+
+    def _auth_held(self, key: int, resp: Response) -> None:
+        """A 401/403 held: one WARNING when the destination enters auth_blocked (none per retry)."""
+        if self.health.auth_failed(key) and self.failures.warning(
+                (self.name, "auth_blocked"),
+                "%s: HTTP %d: %s; holding the data in the queue (on_auth_error: hold) and retrying with "
+                "backoff up to %.0fs, credentials refreshed first; check the credentials and the "
+                "destination's access policy", self.name, resp.status, first_line(resp.body),
+                max(self.settings.max_backoff, AUTH_MAX_BACKOFF),
+                extra={"destination": self.name, "reason": "auth_blocked"}):
+            self._auth_warned = True
+
+    def _auth_cleared(self, key: int, status: int, *, retrying: bool) -> None:
+        """An answer that is not a held 401/403: one INFO when that ends the destination's auth_blocked."""
+        left = self.health.retrying(key) if retrying else self.health.settled(key)
+        if left and self._auth_warned:
+            self._auth_warned = False
+            log.info("%s: the destination no longer refuses our credentials (HTTP %d); sending what the "
+                     "queue held", self.name, status, extra={"destination": self.name, "reason": "auth_cleared"})
 
     def _sent(self, resp: Response, samples: int, attempt: int) -> SendResult:
         written = written_count(resp.headers)
@@ -155,18 +228,21 @@ class BatchSender:
             self._log_failure("partial", f"{self.name}: HTTP {resp.status} but only {ok} of {samples} "
                               "samples written")
             self.metrics.samples_failed_total.labels(self.name, "partial").inc(samples - ok)
+            self.health.dropped("partial", samples - ok)
             return SendResult(True, resp.status, "partial", attempt, samples - ok)
         return SendResult(True, resp.status, "sent", attempt, 0)
 
-    def _rejected(self, resp: Response, samples: int, attempt: int) -> SendResult:
+    def _rejected(self, resp: Response, samples: int, attempt: int,
+                  describe: Callable[[], str] | None = None) -> SendResult:
         """A final 4xx: drop the batch; samples the reply says were written count as sent."""
         reason = failure_reason(resp.status)
         written = min(samples, written_count(resp.headers) or 0)
         if written:
             self.metrics.samples_sent_total.labels(self.name).inc(written)
-        self._log_failure(reason, f"{self.name}: HTTP {resp.status}, dropping {samples - written} samples: "
-                          f"{first_line(resp.body)}")
-        return self._fail(samples - written, resp.status, reason, attempt)
+        example = describe() if describe is not None else ""
+        self._log_failure(reason, f"{self.name}: HTTP {resp.status}, dropping {samples - written} samples"
+                          f"{f' (e.g. {example})' if example else ''}: {first_line(resp.body)}")
+        return self._fail(samples - written, resp.status, reason, attempt, rejected=True)
 
     def _post(self, body: bytes, attempt: int) -> Response | None:
         """One request; None (nothing sent) once stop() was called."""
@@ -198,7 +274,9 @@ class BatchSender:
     def _log_failure(self, reason: str, text: str) -> None:
         self.failures.warning((self.name, reason), "%s", text, extra={"destination": self.name, "reason": reason})
 
-    def _fail(self, samples: int, status: int, reason: str, attempt: int) -> SendResult:
+    def _fail(self, samples: int, status: int, reason: str, attempt: int, *, rejected: bool = False) -> SendResult:
+        """Samples given up on, counted by reason (the caller logged why)."""
         if samples:
             self.metrics.samples_failed_total.labels(self.name, reason).inc(samples)
+        self.health.dropped(reason, samples, rejected=rejected)
         return SendResult(False, status, reason, attempt, samples)

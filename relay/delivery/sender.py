@@ -58,6 +58,7 @@ from collections.abc import Callable, Mapping
 from relay.common.metrics import RelayMetrics
 from relay.common.ratelog import RateLimitedLog
 from relay.delivery.batch import SenderSettings, SendResult
+from relay.delivery.health import ClockWatch, DestinationHealth
 from relay.delivery.queue.durable import DurableQueue, Entry
 from relay.delivery.send_policy import (
     EXPIRED_MARKERS,
@@ -82,6 +83,8 @@ log = logging.getLogger("relay.sender")
 
 _POLL = 0.2  # how often idle threads look at the stop flag and for new shards
 _MAX_ENTRIES = 1000  # entries in one batch at most
+# a clock step is seen by every destination's sender: logged once (the first to see it)
+_CLOCK_LOG = RateLimitedLog(log, interval=300.0)
 
 
 class Sender(ShippingSender):
@@ -109,6 +112,7 @@ class Sender(ShippingSender):
         rng: random.Random | None = None,
         drain_first: int | None = None,
         log_clock: Callable[[], float] | None = None,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
         self.name = name
         self.url = url
@@ -148,6 +152,13 @@ class Sender(ShippingSender):
         self._failed_posts = 0
         self._posts = 0
         self._since: dict[int, float] = {}  # thread -> when its request in flight began (monotonic)
+        # what the status page shows; wall-clock steps (only with the real wall clock, or an injected
+        # one with its monotonic twin: a test's fake wall clock alone is no step)
+        self.health = DestinationHealth(monotonic or time.monotonic)
+        if monotonic is None and clock is time.time:
+            monotonic = time.monotonic
+        self.watch = None if monotonic is None else ClockWatch(clock, monotonic, self._clock_stepped)
+        self._auth_warned = False
         metrics.queue_max_bytes.labels(name).set(queue.max_disk_bytes)
         if queue.take_damage_report() is not None:  # logged by the queue at open; counted here, once
             metrics.queue_damaged_total.labels(name).inc()
@@ -186,6 +197,28 @@ class Sender(ShippingSender):
             log.warning("%s: a request was still in flight %.0fs after stop", self.name, limit,
                         extra={"destination": self.name, "reason": "stop_timeout"})
         return idle
+
+    # -- what the status page and the report show (relay.delivery.health) -------------------------
+    def state(self) -> str:
+        """One of "sending", "retrying", "auth_blocked" (holding after a 401/403), "rejecting"
+        (a final 4xx dropped samples in the last 5 minutes); a dry run has no Sender."""
+        return self.health.state()
+
+    def drops_last_hour(self) -> dict[str, int]:
+        """Samples this sender gave up on by reason in the last hour (http_<code>, too_old, partial,
+        malformed); the queue's queue_full drops are the pipeline's counter (relay.control's
+        DeliveryWatch adds them up across reloads)."""
+        return self.health.drops_last_hour()
+
+    def _clock_stepped(self, step: float) -> None:
+        if step > 0:
+            text = (f"the wall clock stepped forward by {step:.0f}s (against the monotonic clock); samples "
+                    "queued before the step are aged by the time they really waited, so max_sample_age "
+                    "does not drop them as too_old")
+        else:
+            text = (f"the wall clock stepped back by {-step:.0f}s (against the monotonic clock); queued "
+                    "samples look younger than they are and are kept longer, up to max_sample_age")
+        _CLOCK_LOG.warning(("clock_step", round(step / 60)), "%s", text, extra={"reason": "clock_step"})
 
     @property
     def in_flight(self) -> int:
@@ -246,6 +279,7 @@ class Sender(ShippingSender):
             with self._lock:
                 self.predecessor = None
         while not self._stop.is_set():
+            self._now()  # a wall-clock step is seen even while nothing is sent
             with self._lock:
                 paused, barrier, by_shard = self._paused, self.drain_first, self._drain_by_shard
             if paused:

@@ -30,9 +30,11 @@ import botocore.session
 import requests
 from requests_aws4auth import AWS4Auth
 
+from relay.common.ratelog import RateLimitedLog
 from relay.config.config import SigV4Config
 
 log = logging.getLogger("relay.sigv4")
+_FAILURES = RateLimitedLog(log)
 
 ROLE_SESSION_NAME = "gpu-relay"
 
@@ -89,6 +91,7 @@ class SigV4Auth(requests.auth.AuthBase):
             self._session.set_config_variable("profile", profile)
         self._external_id = external_id
         self._refresh_lock = threading.Lock()  # one force_refresh at a time; signing never takes it
+        self._logged_key: object = None  # the access key of the last "refreshed" line
         if bool(access_key) != bool(secret_key):
             raise SigV4ConfigError("access_key and secret_key must be given together (or neither: then the "
                                    "default credential chain is used)", "access_key", None)
@@ -154,9 +157,16 @@ class SigV4Auth(requests.auth.AuthBase):
             elif self._static is None:  # chain credentials: run the chain again (env or files changed)
                 resolver = self._session.get_component("credential_provider")
                 self.credentials = self._resolve(resolver.load_credentials())
-            log.info("sigv4 credentials refreshed (method %s)", self.method)
+            # a destination holding its data after a 403 refreshes before each retry: one line a change
+            # of the access key, and at most one failure a minute, not one a retry
+            key = getattr(getattr(self.credentials, "get_frozen_credentials", lambda: None)(), "access_key", None)
+            if key != self._logged_key:
+                self._logged_key = key
+                log.info("sigv4 credentials refreshed (method %s)", self.method)
+            else:
+                log.debug("sigv4 credentials refreshed, the same key (method %s)", self.method)
         except Exception as e:  # keep the old credentials; the retry will tell
-            log.warning("sigv4 credential refresh failed: %s", type(e).__name__)
+            _FAILURES.warning("refresh", "sigv4 credential refresh failed: %s", type(e).__name__)
         finally:
             self._refresh_lock.release()
 

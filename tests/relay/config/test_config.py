@@ -27,7 +27,7 @@ DATA = TEST_DATA / "configs"
 D = "destinations:\n  - name: a\n    url: http://127.0.0.1:9/w\n"  # lines 1-3; a destination's keys follow
 QUEUE_KEYS = (
     "max_samples_per_send, batch_send_deadline, max_shards, min_shards, min_backoff, max_backoff, max_sample_age, "
-    "max_disk, timeout"
+    "max_disk, timeout, on_auth_error"
 )
 
 # (yaml text, every error str(ConfigError) must list, in line order)

@@ -188,6 +188,7 @@ class Row:
     min_sleeps: tuple[float, ...] = ()  # each sleep >= this
     max_sleeps: tuple[float, ...] = ()  # each sleep <= this
     refreshes: int = 0
+    on_auth_error: str = "hold"  # issue 20 point 5: "drop" is the old behaviour (Prometheus's)
 
 
 ROWS = [
@@ -208,17 +209,24 @@ ROWS = [
     Row("400_dropped", [Response(400, {}, b"out of order sample")], False, "http_400", 1),
     Row("404_dropped", [Response(404)], False, "http_404", 1),
     Row("403_not_expired_dropped_without_refresh", [Response(403, {}, b"Missing Authentication Token")],
-        False, "http_403", 1),
+        False, "http_403", 1, on_auth_error="drop"),
+    Row("401_dropped_when_told_to", [Response(401)], False, "http_401", 1, on_auth_error="drop"),
+    Row("403_held_refreshes_then_retries_with_backoff", [Response(403, {}, b"Missing Authentication Token")] * 2,
+        True, "sent", 3, (0.024, 0.048), (0.036, 0.072), refreshes=2),
+    Row("401_held_refreshes_then_retries", [Response(401)], True, "sent", 2, (0.024,), (0.036,), refreshes=1),
+    Row("403_expired_twice_refreshes_at_once_then_holds", [Response(403, {}, EXPIRED)] * 2, True, "sent", 3,
+        (0.024,), (0.036,), refreshes=2),
     Row("403_expired_refreshes_then_retries_at_once", [Response(403, {}, EXPIRED)], True, "sent", 2,
         refreshes=1),
     Row("403_expired_twice_refreshes_once_then_drops", [Response(403, {}, EXPIRED)] * 2, False, "http_403", 2,
-        refreshes=1),
+        refreshes=1, on_auth_error="drop"),
 ]
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
 def test_send_batch_retry_classes(row: Row, tmp_path: Path, harnesses: list[Harness]) -> None:
-    h = make(tmp_path, row.script)
+    h = make(tmp_path, row.script, SenderSettings(min_backoff=0.03, max_backoff=5.0,
+                                                  on_auth_error="drop" if row.on_auth_error == "drop" else "hold"))
     harnesses.append(h)
     h.sender._rng.seed(1)
     result = h.sender.send_batch(b"body", 10, NOW)
@@ -245,8 +253,10 @@ def test_send_batch_retry_classes(row: Row, tmp_path: Path, harnesses: list[Harn
         assert h.value("samples_sent_total") == 0
 
 
-def test_403_expired_without_auth_refresh_is_dropped(tmp_path: Path, harnesses: list[Harness]) -> None:
-    h = make(tmp_path, [Response(403, {}, EXPIRED)], refresh=False)
+def test_403_expired_without_auth_refresh_is_dropped_under_on_auth_error_drop(
+    tmp_path: Path, harnesses: list[Harness]
+) -> None:
+    h = make(tmp_path, [Response(403, {}, EXPIRED)], SenderSettings(on_auth_error="drop"), refresh=False)
     harnesses.append(h)
     assert h.sender.send_batch(b"b", 1, NOW).reason == "http_403"
     assert len(h.transport.calls) == 1

@@ -102,7 +102,7 @@ class Rig:
 
 def rig(tmp_path: Path, rigs: list[Rig], answer: object = None, clock: Clock | None = None,
         memory_bytes: int = MEMORY_BYTES, connection_factory: type[sqlite3.Connection] = sqlite3.Connection,
-        **settings: float) -> Rig:
+        **settings: float | str) -> Rig:
     c = clock or Clock()
     queue = DurableQueue(tmp_path / "amp.queue.db", 64 << 20, clock=c, memory_bytes=memory_bytes,
                          connection_factory=connection_factory)
@@ -119,7 +119,8 @@ def rig(tmp_path: Path, rigs: list[Rig], answer: object = None, clock: Clock | N
 
 # -- defect 2: rejected or metadata-only entries never stay at a shard's head ----------------------
 def test_a_403_rejected_metadata_batch_is_acked_once_not_resent_forever(tmp_path: Path, rigs: list[Rig]) -> None:
-    r = rig(tmp_path, rigs, answer=lambda _: Response(403, {}, b"metadata quota exceeded\nmore"))
+    r = rig(tmp_path, rigs, answer=lambda _: Response(403, {}, b"metadata quota exceeded\nmore"),
+            on_auth_error="drop")
     r.queue.put([(0, metadata("m"), 0, 0)])
     r.sender.start()
     assert wait_until(lambda: r.queue.shards() == [], timeout=5)

@@ -29,7 +29,7 @@ from relay.delivery.sender import Sender, SenderSettings
 from relay.delivery.sigv4 import SigV4Auth, SigV4ConfigError
 from relay.delivery.transport import HttpTransport, RequestsTransport
 from relay.proto import remote_v1_pb2
-from tests.helpers import isolate_aws
+from tests.helpers import isolate_aws, wait_until
 from tests.sigv4_receiver import EXPIRED_BODY, Scripted, SigV4Receiver, verify_sigv4
 
 AK, SK, TOKEN = "AKIDTESTENV", "secret/env/key+1", "session-token-env"
@@ -76,10 +76,11 @@ def write_request(name: str, value: float, ts: int = 1_700_000_000_000) -> bytes
     return bytes(wr.SerializeToString())
 
 
-def make_sender(url: str, transport: Transport, tmp_path: Path) -> Sender:
+def make_sender(url: str, transport: Transport, tmp_path: Path, on_auth_error: str = "hold") -> Sender:
     queue = DurableQueue(tmp_path / "q.db", 1 << 20)
     return Sender(
-        "amp", url, queue, transport, SenderSettings(min_backoff=0.001, max_backoff=0.01),
+        "amp", url, queue, transport, SenderSettings(min_backoff=0.001, max_backoff=0.01,
+                                                     on_auth_error="drop" if on_auth_error == "drop" else "hold"),
         RelayMetrics(CollectorRegistry()), auth_refresh=transport.refresh_credentials,
     )
 
@@ -135,18 +136,46 @@ def test_sender_delivers_through_sigv4_with_required_headers_signed(
     sender.queue.close()
 
 
-def test_wrong_secret_is_rejected_with_403_and_the_batch_dropped(
+def test_wrong_secret_is_rejected_with_403_and_the_batch_dropped_under_on_auth_error_drop(
     monkeypatch: pytest.MonkeyPatch, rx: SigV4Receiver, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", AK)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
     monkeypatch.setenv("AWS_SESSION_TOKEN", TOKEN)
-    sender = make_sender(rx.url, TRANSPORT[0](auth=SigV4Auth(region="us-east-1")), tmp_path)
+    sender = make_sender(rx.url, TRANSPORT[0](auth=SigV4Auth(region="us-east-1")), tmp_path, on_auth_error="drop")
     result = sender.send_batch(snappy.compress(write_request("m", 1.0)), 1, time.time())
     assert (result.ok, result.status, result.reason, result.dropped_samples) == (False, 403, "http_403", 1)
     assert rx.requests[0].reason == "signature does not match" and rx.series() == []
     assert (rx.accepted, rx.rejected) == (0, 1)
     sender.queue.close()
+
+
+def test_a_403_for_a_wrong_secret_holds_the_batch_until_the_refreshed_chain_has_the_right_one(
+    monkeypatch: pytest.MonkeyPatch, rx: SigV4Receiver, tmp_path: Path
+) -> None:
+    """Issue 20 point 5: on_auth_error: hold (the default) keeps the batch and retries, credentials
+    refreshed first; once the environment holds the right secret, the next retry signs with it."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", AK)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", TOKEN)
+    sender = make_sender(rx.url, TRANSPORT[0](auth=SigV4Auth(region="us-east-1")), tmp_path)
+    results: list[object] = []
+    t = threading.Thread(target=lambda: results.append(
+        sender.send_batch(snappy.compress(write_request("m", 1.0)), 1, time.time())), daemon=True)
+    t.start()
+    try:
+        assert wait_until(lambda: rx.rejected >= 2, timeout=10)
+        assert sender.state() == "auth_blocked" and rx.accepted == 0 and results == []
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SK)  # the operator fixed the secret
+        t.join(30)
+        result = results[0]
+        assert getattr(result, "ok", False) and getattr(result, "dropped_samples", -1) == 0
+        assert rx.accepted == 1 and [dict(labels)["__name__"] for labels in rx.series()] == ["m"]
+        assert sender.state() == "sending"
+    finally:
+        sender.stop(timeout=1)
+        t.join(5)
+        sender.queue.close()
 
 
 @pytest.mark.parametrize(
