@@ -43,6 +43,8 @@ from relay.config.model import (
 from relay.config.model import MiB as MiB
 from relay.config.parts import Probe, check_sigv4
 from relay.config.promremote import parse_remote_write
+from relay.config.scrape import SCRAPE_KEYS as SCRAPE_KEYS
+from relay.config.scrape import parse_scrape
 from relay.config.yamlnodes import ConfigIssue as ConfigIssue
 from relay.config.yamlnodes import Reader, check_unique, node_at
 from relay.rules.relabel import RelabelConfig
@@ -61,7 +63,6 @@ DESTINATION_KEYS = ("name", "url", "sigv4", "headers", "write_relabel_configs", 
 SIGV4_KEYS = ("region", "role_arn", "external_id", "profile", "service", "access_key", "secret_key")
 LIMITS_KEYS = ("max_series", "max_series_per_metric", "window")
 AGGREGATE_KEYS = ("match", "without", "by", "interval", "outputs")
-SCRAPE_KEYS = ("job_name", "scrape_interval", "scrape_timeout", "metrics_path", "scheme", "static_configs")
 EXTERNAL_RESERVED_OK = ("__replica__",)  # AMP's HA dedup label, beside "cluster"
 
 
@@ -127,7 +128,7 @@ def _parse_root(r: Reader, root: Node, probe: Probe | None) -> Config:
     if probe is not None and (problem := probe.storage_problem(storage)):
         at = st["path"] if st is not None and "path" in st else root
         r.warn(at, "storage.path", f"{problem} (on this machine)")
-    jobs = [(_scrape(r, n, p), n) for n, p in r.sequence(m.get("scrape"), "scrape")]
+    jobs = [(parse_scrape(r, n, p), n) for n, p in r.sequence(m.get("scrape"), "scrape")]
     check_unique(r, [(s.job_name, n) for s, n in jobs], "scrape", "job_name")
     dests = _all_destinations(r, root, m, probe)
     labels = lb.make((name, value) for name, value, _, _ in external)
@@ -227,34 +228,6 @@ def _same_socket(a: str, b: str) -> bool:
     """Whether two ``host:port`` listeners would bind the same port (a wildcard host takes them all)."""
     (ha, _, pa), (hb, _, pb) = a.rpartition(":"), b.rpartition(":")
     return pa == pb and (ha == hb or ha in _ANY_HOST or hb in _ANY_HOST)
-
-
-def _scrape(r: Reader, node: Node, path: str) -> ScrapeConfig:
-    m = r.mapping(node, path, SCRAPE_KEYS)
-    if m is None:
-        return ScrapeConfig("")
-    job = r.required_string(m, node, path, "job_name")
-    if job == "":
-        r.error(m["job_name"], f"{path}.job_name", "must not be empty")
-    interval = r.duration(m.get("scrape_interval"), f"{path}.scrape_interval", 15.0, positive=True)
-    timeout = r.duration(
-        m.get("scrape_timeout"), f"{path}.scrape_timeout", min(10.0, interval), positive=True
-    )
-    if "scrape_timeout" in m and timeout > interval:
-        r.error(m["scrape_timeout"], f"{path}.scrape_timeout", "must not be greater than scrape_interval")
-    metrics_path = r.string(m.get("metrics_path"), f"{path}.metrics_path", "/metrics")
-    if not metrics_path.startswith("/"):
-        r.error(m["metrics_path"], f"{path}.metrics_path", 'must start with "/"')
-    scheme = r.string(m.get("scheme"), f"{path}.scheme", "http")
-    if scheme not in ("http", "https"):
-        r.error(m["scheme"], f"{path}.scheme", f'must be "http" or "https", got "{scheme}"')
-    targets: list[str] = []
-    for sc, sp in r.sequence(m.get("static_configs"), f"{path}.static_configs"):
-        if (scm := r.mapping(sc, sp, ("targets",))) is not None:
-            for target, tn, tp in r.string_items(r.require(scm, sc, sp, "targets"), f"{sp}.targets"):
-                if parts.check_host_port(r, tn, tp, target):
-                    targets.append(target)
-    return ScrapeConfig(job or "", interval, timeout, tuple(targets), metrics_path, scheme)
 
 
 def _destination(r: Reader, node: Node, path: str, probe: Probe | None) -> DestinationConfig:

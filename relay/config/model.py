@@ -47,6 +47,12 @@ class ScrapeConfig:
     targets: tuple[str, ...] = ()  # host:port, from every static_configs entry
     metrics_path: str = "/metrics"
     scheme: str = "http"
+    honor_labels: bool = False  # True: an exposed job/instance wins over the target's
+    honor_timestamps: bool = True  # False: every sample at the scrape's time
+    sample_limit: int = 0  # a scrape with more samples fails (up 0, markers); 0: none
+    label_limit: int = 0  # the most labels a series may have; 0: none
+    label_name_length_limit: int = 0
+    label_value_length_limit: int = 0
 
 
 @dataclass(frozen=True)

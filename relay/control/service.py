@@ -24,6 +24,7 @@ from prometheus_client.exposition import choose_encoder
 
 from relay.common.metrics import RelayMetrics
 from relay.common.ratelog import RateLimitedLog
+from relay.config import scrape as config_scrape
 from relay.config.config import Config, ConfigError, load_config
 from relay.control import shardplan, views
 from relay.control.delivery_watch import DeliveryWatch
@@ -56,12 +57,7 @@ ScraperFactory = Callable[[list[ScrapeTarget], Callable[[bytes], None]], Scraper
 
 
 def scrape_targets(config: Config) -> list[ScrapeTarget]:
-    return [
-        ScrapeTarget(job=s.job_name, url=f"{s.scheme}://{t}{s.metrics_path}",
-                     interval_s=s.scrape_interval, timeout_s=s.scrape_timeout)
-        for s in config.scrape
-        for t in s.targets
-    ]
+    return config_scrape.scrape_targets(config.scrape)
 
 
 class Runtime:
@@ -134,10 +130,10 @@ class Runtime:
         self._restart_scraper(self.config)
 
     def _restart_scraper(self, config: Config) -> None:
-        if self._scraper is not None:
-            self._scraper.stop()
-            self._scraper = None
         targets = scrape_targets(config)
+        if self._scraper is not None:  # a reload: kept targets go on, a target that left is marked stale
+            self._scraper.update(targets)
+            return
         if targets:
             self._scraper = self.scraper_factory(targets, self._ingest_scraped)
             self._scraper.start()

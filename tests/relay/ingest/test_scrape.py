@@ -30,6 +30,12 @@ lat_count 4
 """
 
 
+def parse_exposition(text: str, job: str, instance: str, now_ms: int) -> bytes:
+    """One scrape of ``text`` by a fresh loop of a target at ``instance``, at ``now_ms``."""
+    target = scrape.ScrapeTarget(job, f"http://{instance}/metrics", 15.0, 1.0)
+    return scrape.TargetLoop(target, lambda url, timeout: text, clock=lambda: now_ms / 1000).scrape_once()
+
+
 def series_of(raw: bytes) -> dict[Labels, list[tuple[int, float]]]:
     return dict(wire.decode_write_request(raw))
 
@@ -39,7 +45,7 @@ def labels(**pairs: str) -> Labels:
 
 
 def test_parse_exposition_adds_target_labels_timestamps_and_up() -> None:
-    got = series_of(scrape.parse_exposition(EXPOSITION, "gpu", "node1:9400", NOW_MS))
+    got = series_of(parse_exposition(EXPOSITION, "gpu", "node1:9400", NOW_MS))
     target = {"job": "gpu", "instance": "node1:9400"}
     gpu_util = labels(
         __name__="DCGM_FI_DEV_GPU_UTIL", gpu="0", UUID="GPU-0", modelName="NVIDIA H100 80GB HBM3", **target
@@ -49,7 +55,9 @@ def test_parse_exposition_adds_target_labels_timestamps_and_up() -> None:
     assert got[labels(__name__="lat_bucket", le="+Inf", **target)] == [(NOW_MS, 4.0)]
     assert got[labels(__name__="lat_count", **target)] == [(NOW_MS, 4.0)]
     assert got[labels(__name__="up", **target)] == [(NOW_MS, 1.0)]
-    assert len(got) == 7
+    assert got[labels(__name__="scrape_samples_scraped", **target)] == [(NOW_MS, 6.0)]
+    assert got[labels(__name__="scrape_series_added", **target)] == [(NOW_MS, 6.0)]
+    assert len(got) == 6 + len(scrape.REPORT_NAMES)
 
 
 @pytest.mark.parametrize(
@@ -68,20 +76,21 @@ def test_parse_exposition_adds_target_labels_timestamps_and_up() -> None:
 def test_parse_exposition_target_labels_win_and_conflicts_become_exported(
     exposed: str, expected_extra: dict[str, str]
 ) -> None:
-    got = series_of(scrape.parse_exposition(exposed + "\n", "gpu", "n:1", NOW_MS))
+    got = series_of(parse_exposition(exposed + "\n", "gpu", "n:1", NOW_MS))
     expected = labels(__name__="m", job="gpu", instance="n:1", **expected_extra)
     assert expected in got
 
 
 def test_parse_exposition_keeps_nan_and_infinities() -> None:
-    got = series_of(scrape.parse_exposition("a NaN\nb +Inf\n", "j", "i:1", NOW_MS))
+    got = series_of(parse_exposition("a NaN\nb +Inf\n", "j", "i:1", NOW_MS))
     assert math.isnan(got[labels(__name__="a", job="j", instance="i:1")][0][1])
     assert got[labels(__name__="b", job="j", instance="i:1")][0][1] == math.inf
 
 
 def test_parse_exposition_rejects_invalid_text() -> None:
-    with pytest.raises(ValueError):
-        scrape.parse_exposition('m{a="unterminated} 1\n', "j", "i:1", NOW_MS)
+    with pytest.raises(ValueError, match="line 1"):
+        scrape.parse(b'm{a="unterminated} 1\n')
+    assert up_value(parse_exposition('m{a="unterminated} 1\n', "j", "i:1", NOW_MS)) == 0.0
 
 
 @pytest.mark.parametrize(
@@ -108,9 +117,10 @@ def test_scrape_once_reports_up_zero_when_the_fetch_fails() -> None:
 
     scraper = scrape.Scraper([], sink=lambda raw: None, fetch=failing_fetch, clock=lambda: NOW_MS / 1000)
     raw = scraper.scrape_once(scrape.ScrapeTarget("gpu", "http://h:1/metrics", 15.0, 1.0))
-    assert wire.decode_write_request(raw) == [
-        (labels(__name__="up", job="gpu", instance="h:1"), [(NOW_MS, 0.0)])
-    ]
+    got = series_of(raw)
+    assert set(got) == {labels(__name__=n, job="gpu", instance="h:1") for n in scrape.REPORT_NAMES}
+    assert got[labels(__name__="up", job="gpu", instance="h:1")] == [(NOW_MS, 0.0)]
+    assert got[labels(__name__="scrape_samples_scraped", job="gpu", instance="h:1")] == [(NOW_MS, 0.0)]
 
 
 def test_scrape_once_passes_timeout_and_uses_the_injected_clock() -> None:
