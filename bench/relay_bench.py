@@ -101,10 +101,13 @@ def runs(run: Callable[[Path], Result], repeat: int, work: Path, pl: Payload, ke
 
 
 def interleaved(programs: dict[str, Callable[[Path], Result]], repeat: int, work: Path, pl: Payload,
-                keep: list[str] | None) -> dict[str, Result]:
+                keep: list[str] | None, every: dict[str, list[Result]] | None = None) -> dict[str, Result]:
     """``repeat`` runs of every program, alternating (a, b, a, b, ...), so that a change of load on the
-    shared machine meets both alike; each checked for exact delivery; the median run of each."""
+    shared machine meets both alike; each checked for exact delivery; the median run of each (and every
+    run, in order, into ``every`` when given)."""
     out: dict[str, list[Result]] = {what: [] for what in programs}
+    if every is not None:
+        every.update(out)
     for i in range(repeat):
         for j, (what, run) in enumerate(programs.items()):
             r = run(work / f"{j}-{i}")
@@ -181,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--memory-series", default="1000000",
                     help="comma-separated sizes for memory per active series; 0 skips it; default 1000000")
     ap.add_argument("--no-rw2", action="store_true", help="skip the Remote-Write 2.0 runs")
+    ap.add_argument("--no-fixed", action="store_true", help="skip gpu-relay on 4 fixed shards")
     ap.add_argument("--no-series", action="store_true", help="skip first sight and memory per series")
     ap.add_argument("--quick", action="store_true", help="25 nodes x 8 rounds, memory at 50,000 series (~1 min)")
     ap.add_argument("--small", action="store_true", help="the earlier shape: 50 nodes, GPU series only, 30 rounds, "
@@ -199,17 +203,20 @@ def main(argv: list[str] | None = None) -> None:
     print(f"payload: {pl.describe()}; {SENDERS} concurrent senders; {os.cpu_count()} CPUs; receiver: "
           f"victoria-metrics {_version('victoria-metrics')} (fresh per run)", flush=True)
     results: dict[tuple[str, str], Result] = {}
+    every: dict[str, list[Result]] = {}
     with tempfile.TemporaryDirectory() as td:
         work = Path(td)
         for scenario, (rules, relabel, keep) in SCENARIOS.items():
             expected = pl.kept(keep) if keep else pl.samples
-            both = interleaved({f"{scenario} gpu-relay": _relay(rules, pl, expected),
-                                f"{scenario} vmagent": _vmagent(relabel, pl, expected),
-                                f"{scenario} gpu-relay 4 fixed shards": _relay(rules, pl, expected, FIXED_SHARDS)},
-                               args.repeat, work / scenario, pl, keep)
+            programs = {f"{scenario} gpu-relay": _relay(rules, pl, expected),
+                        f"{scenario} vmagent": _vmagent(relabel, pl, expected)}
+            if not args.no_fixed:
+                programs[f"{scenario} gpu-relay 4 fixed shards"] = _relay(rules, pl, expected, FIXED_SHARDS)
+            both = interleaved(programs, args.repeat, work / scenario, pl, keep, every)
             results[scenario, "gpu-relay"] = both[f"{scenario} gpu-relay"]
             results[scenario, "vmagent"] = both[f"{scenario} vmagent"]
-            results[scenario, "fixed"] = both[f"{scenario} gpu-relay 4 fixed shards"]
+            if not args.no_fixed:
+                results[scenario, "fixed"] = both[f"{scenario} gpu-relay 4 fixed shards"]
         pl2 = None
         if not args.no_rw2:
             pl2 = payload(args.nodes, args.rounds, version=2, **shape)
@@ -236,10 +243,18 @@ def main(argv: list[str] | None = None) -> None:
         print(row("", "vmagent", v, pl.samples, expected))
         print(f"{'':<12} {'ratio':<10} gpu-relay CPU per sample = {_cpu(g) / _cpu(v):.2f}x vmagent's "
               f"({_cpu(v) / _cpu(g):.2f}x its samples per CPU-second); peak RSS {g.rss_mb / max(v.rss_mb, 0.1):.2f}x")
-        f = results[scenario, "fixed"]
-        print(row("", "4 fixed", f, pl.samples, expected))
-        print(f"{'':<12} {'ratio':<10} gpu-relay on 4 fixed shards (min_shards: 4): CPU per sample "
-              f"{_cpu(f) / _cpu(v):.2f}x vmagent's, {_cpu(f) / _cpu(g):.2f}x the default's")
+        if (scenario, "fixed") in results:
+            f = results[scenario, "fixed"]
+            print(row("", "4 fixed", f, pl.samples, expected))
+            print(f"{'':<12} {'ratio':<10} gpu-relay on 4 fixed shards (min_shards: 4): CPU per sample "
+                  f"{_cpu(f) / _cpu(v):.2f}x vmagent's, {_cpu(f) / _cpu(g):.2f}x the default's")
+    print("\nEvery run, in the order they ran (gpu-relay's run i beside vmagent's run i):")
+    print(f"{'scenario':<12} {'run':>3} {'gpu-relay us/sample':>19} {'vmagent us/sample':>17} {'CPU ratio':>9}")
+    for scenario in SCENARIOS:
+        pairs = zip(every[f"{scenario} gpu-relay"], every[f"{scenario} vmagent"], strict=True)
+        for i, (g, v) in enumerate(pairs, 1):
+            print(f"{scenario:<12} {i:>3} {1e6 * g.cpu / pl.samples:>19.2f} {1e6 * v.cpu / pl.samples:>17.2f} "
+                  f"{_cpu(g) / _cpu(v):>8.2f}x")
     print("gpu-relay: max_shards 4 and the default min_shards 1 (it runs the shards sending needs, planned every "
           f"10 s: one on this job); 4 fixed: min_shards 4.\n"
           f"samples/CPU-s counts input samples; median of {args.repeat} run(s) by CPU time, the programs alternating; "
