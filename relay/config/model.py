@@ -36,7 +36,7 @@ class ServerConfig:
     read_timeout: float = 30.0  # seconds to read a request's headers and body
     idle_timeout: float = 120.0  # seconds an idle keep-alive connection stays open
     enable_lifecycle: bool = False  # POST /-/reload over HTTP (SIGHUP always works)
-    decision_cache: int = 256 * MiB  # memory budget of the per-label-set decision cache
+    decision_cache: int = 64 * MiB  # memory budget of the per-label-set decision cache (its real cost in RSS)
 
 
 @dataclass(frozen=True)

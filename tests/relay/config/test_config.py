@@ -618,9 +618,9 @@ def test_telemetry_listen_on_another_port_or_address_is_fine(listen: str, teleme
 
 
 def test_decision_cache_budget_is_a_size_with_a_default() -> None:
-    """server.decision_cache bounds the per-label-set decision cache (256MiB unless set)."""
+    """server.decision_cache bounds the per-label-set decision cache (64MiB unless set: fits a 512Mi sidecar)."""
     base = "destinations:\n  - {name: a, url: 'http://127.0.0.1:1/api/v1/write'}\n"
-    assert parse_config(base).server.decision_cache == 256 * 1024 * 1024
+    assert parse_config(base).server.decision_cache == 64 * 1024 * 1024
     assert parse_config("server: {decision_cache: 1GiB}\n" + base).server.decision_cache == 1 << 30
     with pytest.raises(ConfigError, match=r"relay.yaml:1: server.decision_cache"):
         parse_config("server: {decision_cache: lots}\n" + base)
