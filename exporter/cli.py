@@ -186,6 +186,7 @@ def main(
             ),
             hpc=HpcJobMap(settings.hpc_job_mapping_dir) if settings.hpc_job_mapping_dir else None,
             replace_blanks=settings.replace_blanks,
+            hostname_label=settings.hostname_label,
         )
     except BackendError as exc:
         print(f"gpu-exporter: error: {settings.backend} backend: {exc}", file=sys.stderr)

@@ -32,22 +32,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 
-from exporter.backend import (
-    BackendError,
-    DeviceInfo,
-    Entity,
-    GpuBackend,
-    GpuLostError,
-    MigInstance,
-    Value,
-)
+from exporter.backend import BackendError, DeviceInfo, Entity, GpuBackend, GpuLostError, MigInstance, Value
 from exporter.collector_rows import DRIVER_VERSION, XID_ERRORS, PodMap, RowBuilder, label_values, xid_labels
 from exporter.exp_counters import ExpCounters
 from exporter.exposition import EMPTY, STALE_INTERVALS, DownGpu, Exposition, liveness_of, readiness_of
 from exporter.gpu_reader import GpuReader
 from exporter.hpc import HpcJobMap
 from exporter.processes import SPEC, ProcessCount
-from exporter.render import Row, SeriesSpec, entity_labels, render_series
+from exporter.render import HOSTNAME_LABEL, Row, SeriesSpec, entity_labels, render_series
 from exporter.selfmetrics import BuildInfo, DeviceStat, SelfState, Unavailable, render_self_metrics
 from exporter.xid import XidState
 
@@ -114,17 +106,18 @@ class Collector:
         exp: ExpCounters | None = None,
         hpc: HpcJobMap | None = None,
         replace_blanks: bool = False,
+        hostname_label: str = HOSTNAME_LABEL,
     ) -> None:
         """``supported``: per-GPU supported fields when the caller already probed them.
         ``read_timeout_s``: how long one cycle waits for a GPU's read (default: the interval, at
-        least 1 s)."""
+        least 1 s). ``hostname_label``: the node label's name on every series (``--hostname-label``)."""
         self._backend = backend
         self._interval_s = interval_s
         self._read_timeout_s = read_timeout_s if read_timeout_s is not None else max(interval_s, 1.0)
         self._pods = pods
         self._clock = clock
         self._wall_clock = wall_clock
-        self._hostname = hostname
+        self._hostname, self._hostname_label = hostname, hostname_label
         self.xids = xids if xids is not None else XidState()
         read_as = {s.field: getattr(s, "read_as", s.field) for s in counters}
         self._builder = RowBuilder(self.xids, {n: src for n, src in read_as.items() if n != src}, exp)
@@ -190,7 +183,7 @@ class Collector:
         for mig in migs:
             entity = Entity(d.index, None if mig is None else mig.gpu_instance_id)
             keys = (d.uuid,) if mig is None else mig.all_uuids()
-            units.append((entity, entity_labels(d, mig, self._hostname, lf), keys))
+            units.append((entity, entity_labels(d, mig, self._hostname, lf, self._hostname_label), keys))
         return tuple(units)
 
     def _unavailable(self, gpu: int) -> dict[str, str]:
@@ -332,7 +325,7 @@ class Collector:
             last_collection_ts=self._wall_clock(),
             kubelet_errors=kubelet,
             xid_counts=xid_counts,
-            hostname=self._hostname,
+            hostname=self._hostname, hostname_label=self._hostname_label,
             unavailable=[
                 Unavailable(g.device.index, g.device.uuid, g.device.pci_bus_id, f, r)
                 for g in self._gpus

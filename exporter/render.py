@@ -1,9 +1,11 @@
 """Exposition rendering: pure functions producing dcgm-exporter 4.8.2's exact text.
 
 Series line: ``NAME{gpu,UUID,pci_bus_id,device,modelName,[GPU_I_PROFILE,GPU_I_ID,]Hostname,
-<label-fields sorted>[,container,namespace,pod]} VALUE``. Integers print with ``%d``, doubles
-with ``%f`` (dcgm-exporter's Go format verbs). The static part of each entity's label block is built
-once (``entity_labels``) and reused every cycle; pod labels are appended per cycle.
+<label-fields sorted>[,container,namespace,pod]} VALUE``; ``Hostname`` is ``hostname`` with
+``--hostname-label hostname`` (dcgm-exporter's main branch after 4.8.2), in the same place.
+Integers print with ``%d``, doubles with ``%f`` (dcgm-exporter's Go format verbs). The static part
+of each entity's label block is built once (``entity_labels``) and reused every cycle; pod labels
+are appended per cycle.
 
 OpenMetrics: DCGM "counters" have no ``_total`` suffix, which OpenMetrics requires of a counter
 sample, so they are declared ``# TYPE NAME unknown`` there (values and names unchanged, so
@@ -18,6 +20,7 @@ from typing import Protocol
 
 from exporter.backend import DeviceInfo, MigInstance, Value
 
+HOSTNAME_LABEL = "Hostname"  # dcgm-exporter 4.8.2's name of the node label
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
@@ -83,8 +86,10 @@ def entity_labels(
     mig: MigInstance | None,
     hostname: str | None,
     label_fields: Mapping[str, str],
+    hostname_label: str = HOSTNAME_LABEL,
 ) -> str:
-    """The static label prefix, without the closing brace: pod labels are appended per cycle."""
+    """The static label prefix, without the closing brace: pod labels are appended per cycle.
+    ``hostname_label``: the node label's name (``Hostname`` or ``hostname``)."""
     pairs = [
         ("gpu", str(device.index)),
         ("UUID", device.uuid),
@@ -95,7 +100,7 @@ def entity_labels(
     if mig is not None:
         pairs += [("GPU_I_PROFILE", mig.profile), ("GPU_I_ID", str(mig.gpu_instance_id))]
     if hostname is not None:
-        pairs.append(("Hostname", hostname))
+        pairs.append((hostname_label, hostname))
     pairs += sorted(label_fields.items())
     return labels_block(pairs)[:-1]
 

@@ -4,7 +4,8 @@ Pure: ``render_self_metrics(state, openmetrics)``. Names follow Prometheus conve
 end in ``_total``, units in the name) so ``promtool check metrics`` has nothing to say about them.
 In OpenMetrics a counter family is declared without ``_total`` and its sample carries it.
 
-Every sample carries ``Hostname`` (when the exporter has one, as the DCGM series do) and per-GPU
+Every sample carries ``Hostname`` (when the exporter has one, as the DCGM series do, under the same
+name: ``hostname`` with ``--hostname-label hostname``) and per-GPU
 samples ``gpu,UUID,pci_bus_id`` too, so an alert on ``gpu_exporter_device_up == 0`` or on XIDs names
 the node and the GPU. Label sets:
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from exporter.render import escape_label_value
+from exporter.render import HOSTNAME_LABEL, escape_label_value
 
 PREFIX = "gpu_exporter_"
 
@@ -63,6 +64,7 @@ class SelfState:
     # (gpu, uuid, pci_bus_id, xid) -> count since start
     xid_counts: Mapping[tuple[int, str, str, int], int] = field(default_factory=dict)
     hostname: str | None = None
+    hostname_label: str = HOSTNAME_LABEL
     unavailable: Sequence[Unavailable] = ()
 
 
@@ -70,13 +72,14 @@ def _num(value: float) -> str:
     return repr(float(value))
 
 
-def _host(hostname: str | None) -> str:
-    return "" if hostname is None else f'Hostname="{escape_label_value(hostname)}"'
+def _host(hostname: str | None, label: str = HOSTNAME_LABEL) -> str:
+    return "" if hostname is None else f'{label}="{escape_label_value(hostname)}"'
 
 
-def _gpu(gpu: int, uuid: str, pci_bus_id: str, hostname: str | None) -> str:
+def _gpu(gpu: int, uuid: str, pci_bus_id: str, host: str) -> str:
+    """``host``: the ``_host`` pair, "" without a host name."""
     out = f'gpu="{gpu}",UUID="{escape_label_value(uuid)}",pci_bus_id="{escape_label_value(pci_bus_id)}"'
-    return f"{out},{_host(hostname)}" if hostname is not None else out
+    return f"{out},{host}" if host else out
 
 
 def _join(*parts: str) -> str:
@@ -100,11 +103,11 @@ class _Out:
 def render_self_metrics(state: SelfState, openmetrics: bool = False) -> str:
     out = _Out(openmetrics)
     b = state.build
-    host = state.hostname
+    host = _host(state.hostname, state.hostname_label)
     out.family(
         "build_info", "gauge", "gpu-exporter build information, always 1.",
         [(_join(f'version="{escape_label_value(b.version)}",python_version="{escape_label_value(b.python_version)}",'
-                f'backend="{escape_label_value(b.backend)}"', _host(host)), "1")],
+                f'backend="{escape_label_value(b.backend)}"', host), "1")],
     )
     out.family(
         "device_up", "gauge", "Whether the GPU answered in the last collection cycle (1) or not (0).",
@@ -122,12 +125,12 @@ def render_self_metrics(state: SelfState, openmetrics: bool = False) -> str:
     if state.last_collection_ts is not None:
         out.family(
             "last_collection_timestamp_seconds", "gauge", "Unix time the last collection cycle finished.",
-            [(_host(host), _num(state.last_collection_ts))],
+            [(host, _num(state.last_collection_ts))],
         )
     if state.kubelet_errors is not None:
         out.family(
             "kubelet_errors_total", "counter", "Failed calls to the kubelet PodResources API.",
-            [(_host(host), str(state.kubelet_errors))],
+            [(host, str(state.kubelet_errors))],
         )
     out.family(
         "xid_errors_total", "counter", "XID errors seen on the GPU since the exporter started, by XID code.",

@@ -26,6 +26,8 @@ from telemetry_common.logs import LOG_FORMATS, LOG_LEVELS
 DEFAULT_LISTEN = "127.0.0.1:9400"
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 BACKENDS = ("nvml", "simulated")
+# The node label's name: dcgm-exporter 4.8.2 writes Hostname; its main branch, after 4.8.2, hostname (#655).
+HOSTNAME_LABELS = ("Hostname", "hostname")
 GPU_ID_TYPES = ("uid", "device-name")
 
 
@@ -66,6 +68,7 @@ class Settings:
     pod_labels: bool = False
     pod_uid: bool = False
     hpc_job_mapping_dir: str | None = None
+    hostname_label: str = HOSTNAME_LABELS[0]  # --hostname-label: the node label's name
     simulate_workloads: tuple[tuple[int, str], ...] = ()
     warnings: tuple[str, ...] = ()  # dcgm-exporter flags accepted but not applicable, one line each
 
@@ -112,6 +115,8 @@ _SPEC: tuple[_Spec, ...] = (
      "which GPUs: f (all; MIG GPUs per instance), g[:0,1] GPUs, i[:0,2-4] GPU instances"),
     ("no_hostname", ("--no-hostname", "-n"), "GPU_EXPORTER_NO_HOSTNAME", "DCGM_EXPORTER_NO_HOSTNAME", "false",
      True, "omit the Hostname label"),
+    ("hostname_label", ("--hostname-label",), "GPU_EXPORTER_HOSTNAME_LABEL", None, HOSTNAME_LABELS[0], False,
+     "the node label's name: Hostname (default, as dcgm-exporter 4.8.2) or hostname (as its main branch)"),
     ("web_config_file", ("--web-config-file",), "GPU_EXPORTER_WEB_CONFIG_FILE", "DCGM_EXPORTER_WEB_CONFIG_FILE",
      "", False, "exporter-toolkit web config (TLS, basic auth)"),
     ("openmetrics", ("--enable-openmetrics",), "GPU_EXPORTER_ENABLE_OPENMETRICS", None, "false", True,
@@ -318,6 +323,10 @@ def load_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         raise SettingsError(source["devices"], text("devices"), str(exc)) from None
     interval_s = _interval(ns, env, raw, source)
     no_hostname = parse_bool(source["no_hostname"], text("no_hostname"))
+    hostname_label = text("hostname_label").strip()
+    if hostname_label not in HOSTNAME_LABELS:
+        raise SettingsError(source["hostname_label"], text("hostname_label"),
+                            "expected Hostname (dcgm-exporter 4.8.2) or hostname (dcgm-exporter after 4.8.2)")
     collectors = raw["collectors"]
     names = tuple(n.strip() for n in text("nvidia_resource_names").split(",") if n.strip())
     return Settings(
@@ -347,6 +356,7 @@ def load_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         pod_labels=parse_bool(source["pod_labels"], text("pod_labels")),
         pod_uid=parse_bool(source["pod_uid"], text("pod_uid")),
         hpc_job_mapping_dir=text("hpc_job_mapping_dir") or None,
+        hostname_label=hostname_label,
         simulate_workloads=_workloads(source["simulate_workloads"], text("simulate_workloads"), int(gpus_text)),
         warnings=warnings,
     )
