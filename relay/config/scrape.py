@@ -8,7 +8,7 @@ above the interval, a bad path, scheme or ``host:port`` is an error naming its l
 
 from __future__ import annotations
 
-from yaml.nodes import Node
+from yaml.nodes import Node, ScalarNode
 
 from relay.config import parts
 from relay.config.model import ScrapeConfig
@@ -47,10 +47,9 @@ def parse_scrape(r: Reader, node: Node, path: str) -> ScrapeConfig:
                 if parts.check_host_port(r, tn, tp, target):
                     targets.append(target)
     limits = {}
-    for key in LIMIT_KEYS:
-        limits[key] = r.integer(m.get(key), f"{path}.{key}", 0)
-        if limits[key] < 0:
-            r.error(m[key], f"{path}.{key}", "must not be negative (0: no limit)")
+    for key in LIMIT_KEYS:  # 0 is Prometheus's "no limit"; below it the reader's error
+        n = m.get(key)
+        limits[key] = 0 if isinstance(n, ScalarNode) and n.value == "0" else r.integer(n, f"{path}.{key}", 0)
     return ScrapeConfig(
         job or "", interval, timeout, tuple(targets), metrics_path, scheme,
         honor_labels=r.boolean(m.get("honor_labels"), f"{path}.honor_labels", False),
