@@ -8,7 +8,13 @@ saw when the server ends the watch. 410 Gone (an HTTP answer or an ERROR event) 
 Any other failure (403, 5xx, no answer) leaves the sink's state as it was, sets
 ``gpu_jobwatch_watch_up{resource}`` to 0 and retries with capped exponential backoff and jitter.
 One log line per change of state (up -> failing, one failure reason -> another, failing -> up),
-never one per retry.
+never one per retry. A 410 answered to the list itself (not to a watch) is retried with backoff,
+never in a tight loop.
+
+Once :meth:`ResourceWatch.stop` has returned, its thread changes nothing more: every write to the
+sink and to ``health`` happens under one gate that ``stop`` takes, and only while not stopped. So
+when discovery stops the TrainJob watch and forgets its objects, a list or an event the thread was
+still handling cannot bring them (or ``gpu_jobwatch_watch_up``) back.
 """
 
 from __future__ import annotations
@@ -69,6 +75,10 @@ class Backoff:
 DEFAULT_BACKOFF = Backoff()
 
 
+class _Stopped(Exception):
+    """The watch was stopped while its thread was about to change something."""
+
+
 def _describe(exc: KubeError) -> str:
     return f"{exc.status} {exc.reason}" if exc.status is not None else f"unreachable ({exc.reason})"
 
@@ -86,6 +96,7 @@ class ResourceWatch:
         self._stop = threading.Event()
         self._stream: WatchStream | None = None
         self._lock = threading.Lock()
+        self._gate = threading.RLock()  # held for every effect on the sink and health, and by stop()
         self._thread: threading.Thread | None = None
         self._failing: str | None = None  # the reason of the current failure, None while up
         self.synced = threading.Event()  # set after the first successful list
@@ -95,7 +106,8 @@ class ResourceWatch:
         self._thread.start()
 
     def stop(self, join: float | None = None) -> None:
-        self._stop.set()
+        with self._gate:  # waits for an effect in progress; none starts after this
+            self._stop.set()
         with self._lock:
             if self._stream is not None:
                 self._stream.close()
@@ -106,30 +118,46 @@ class ResourceWatch:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def _effect(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` unless the watch is stopped (then raise _Stopped): see the module docstring."""
+        with self._gate:
+            if self._stop.is_set():
+                raise _Stopped
+            fn(*args)
+
     def _up(self) -> None:
-        self.health.set_watch_up(self.resource.name, True)
+        self._effect(self.health.set_watch_up, self.resource.name, True)
         if self._failing is not None:
             log.info("watch of %s is back", self.resource.name, extra={"resource": self.resource.name})
             self._failing = None
 
     def _down(self, reason: str) -> None:
-        self.health.set_watch_up(self.resource.name, False)
+        self._effect(self.health.set_watch_up, self.resource.name, False)
         if reason != self._failing:
             log.warning("watch of %s failing: %s; serving the last known state and retrying",
                         self.resource.name, reason, extra={"resource": self.resource.name, "reason": reason})
             self._failing = reason
 
     def run(self) -> None:
+        try:
+            self._run()
+        except _Stopped:
+            return
+
+    def _run(self) -> None:
         rv: str | None = None
         failures = 0
         name = self.resource.name
         while not self._stop.is_set():
+            listing = False
             try:
                 if rv is None:
+                    listing = True
                     listed = self.client.list(self.resource.path, page_size=self.page_size, keep=self.sink.convert)
-                    self.sink.replace(listed.items)
-                    self.health.relisted(name)
+                    self._effect(self.sink.replace, listed.items)
+                    self._effect(self.health.relisted, name)
                     rv = listed.resource_version
+                    listing = False
                     self._up()
                     self.synced.set()
                 stream = self.client.watch(self.resource.path, resource_version=rv,
@@ -144,14 +172,21 @@ class ResourceWatch:
                 for ev in stream:
                     meta = ev.object.get("metadata") or {}
                     version = meta.get("resourceVersion")
-                    self.health.event(name, ev.type)
+                    self._effect(self.health.event, name, ev.type)
                     if ev.type in ("ADDED", "MODIFIED"):
-                        self.sink.upsert(ev.object)
+                        self._effect(self.sink.upsert, ev.object)
                     elif ev.type == "DELETED":
-                        self.sink.delete(ev.object)
+                        self._effect(self.sink.delete, ev.object)
                     if isinstance(version, str) and version:
                         rv = version
-            except Gone:
+            except Gone as exc:
+                if self._stop.is_set():
+                    return
+                if listing:  # the list itself was refused with 410: an error, retried with backoff
+                    failures += 1
+                    self._down(_describe(exc))
+                    self._stop.wait(self.backoff.delay(failures))
+                    continue
                 log.info("resourceVersion of %s expired (410): relisting", name, extra={"resource": name})
                 rv = None
                 failures = 0
@@ -162,6 +197,8 @@ class ResourceWatch:
                 failures += 1
                 self._down(_describe(exc))
                 self._stop.wait(self.backoff.delay(failures))
+            except _Stopped:
+                raise
             except Exception as exc:  # a sink bug must not end the watch: count, back off, relist
                 if self._stop.is_set():
                     return

@@ -5,12 +5,20 @@ state served with gpu_jobwatch_watch_up 0."""
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from jobwatch.health import Health
+from jobwatch.watch import PODS, TRAINJOBS, Backoff, ResourceWatch
+from telemetry_common.kubeapi import Gone, KubeClient
+from telemetry_common.kubeconfig import resolve
+
 from tests.jobwatch.fake_apiserver import FakeAPIServer, gpu_pod, node, trainer_status, trainjob, trainjob_pod
-from tests.jobwatch.rig import Running, jobwatch
+from tests.jobwatch.rig import FAST, Running, jobwatch
 
 
 @pytest.fixture()
@@ -82,12 +90,87 @@ def test_trainjobs_are_watched_once_discovery_serves_them(fake: FakeAPIServer, t
         assert r.value("gpu_job_progress_step", job_name="llama") is None
         fake.trainer_served = True  # the CRD is installed later
         r.wait_value("gpu_job_progress_step", 450, job_name="llama")
-        assert r.value("gpu_jobwatch_resource_served", resource="trainjobs") == 1
-        assert r.value("gpu_jobwatch_watch_up", resource="trainjobs") == 1
+        # the watch thread lists (step 450 shows) before it marks itself up, and discovery marks the
+        # resource served after starting that thread: each of the three is waited for, not raced
+        r.wait_value("gpu_jobwatch_resource_served", 1, resource="trainjobs")
+        r.wait_value("gpu_jobwatch_watch_up", 1, resource="trainjobs")
+        assert r.value("gpu_job_progress_step", job_name="llama") == 450
         fake.trainer_served = False  # and removed again
         r.wait_value("gpu_jobwatch_resource_served", 0, resource="trainjobs")
+        # served 0 is written after the stopped watch is gone: from then on it writes nothing
         assert r.value("gpu_jobwatch_watch_up", resource="trainjobs") is None
         assert r.app.state.trainjobs == {}
+        time.sleep(1.5)  # a watch thread that outlived its stop would write here (reconnect: 404)
+        assert r.value("gpu_jobwatch_watch_up", resource="trainjobs") is None
+        assert r.app.state.trainjobs == {}
+
+
+class _BlockingSink:
+    """A sink whose ``convert`` (run while the list is read) waits until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.calls: list[str] = []
+
+    def convert(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.entered.set()
+        self.release.wait(10)
+        return obj
+
+    def replace(self, items: list[Any]) -> None:
+        self.calls.append("replace")
+
+    def upsert(self, obj: dict[str, Any]) -> None:
+        self.calls.append("upsert")
+
+    def delete(self, obj: dict[str, Any]) -> None:
+        self.calls.append("delete")
+
+
+def test_a_stopped_watch_changes_nothing_after_stop_returns(fake: FakeAPIServer, tmp_path: Path) -> None:
+    fake.apply("trainjobs", trainjob("late"))
+    client = KubeClient(resolve(str(fake.kubeconfig(tmp_path / "kc")), {}), timeout=10)
+    health = Health()
+    sink = _BlockingSink()
+    w = ResourceWatch(client, TRAINJOBS, sink, health, backoff=FAST)
+    w.start()
+    assert sink.entered.wait(10)  # the thread is inside the list
+    w.stop()  # discovery stopping the TrainJob watch, then forgetting its objects
+    health.forget_watch("trainjobs")
+    sink.release.set()
+    w.stop(join=10)
+    assert not w.running
+    assert sink.calls == []  # the list it was reading never reached the sink
+    assert health.up("trainjobs") is None  # nor did it mark itself up again
+    client.close()
+
+
+class _GoneOnList:
+    """A client whose list is always answered 410 (a broken proxy): never a tight loop."""
+
+    def __init__(self) -> None:
+        self.lists = 0
+
+    def list(self, path: str, **kw: Any) -> Any:
+        self.lists += 1
+        raise Gone(410, "Expired", "too old")
+
+    def watch(self, path: str, **kw: Any) -> Any:
+        raise AssertionError("no watch without a list")
+
+
+def test_a_list_answered_410_is_retried_with_backoff(caplog: pytest.LogCaptureFixture) -> None:
+    client = _GoneOnList()
+    health = Health()
+    w = ResourceWatch(client, PODS, _BlockingSink(), health, backoff=Backoff(initial=0.2, cap=0.4))  # type: ignore[arg-type]
+    caplog.set_level(logging.INFO, logger="jobwatch")
+    w.start()
+    time.sleep(1.0)
+    w.stop(join=5)
+    assert 2 <= client.lists <= 6  # backoff 0.2, 0.4, 0.4 ... (old: thousands of relists a second)
+    assert health.up("pods") is False
+    assert len([m for m in caplog.messages if "failing" in m]) == 1
 
 
 def test_jobset_pod_becomes_a_trainjob_pod_when_the_trainjob_appears(fake: FakeAPIServer, tmp_path: Path) -> None:
