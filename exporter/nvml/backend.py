@@ -12,7 +12,8 @@ naive pass of 14 getters 46 ms, a well-chosen pass 0.18 ms. So this backend:
   ``nvmlDeviceGetFieldValues`` for every requested field-value field;
 - computes PROF_* from NVML GPM (:mod:`exporter.nvml_gpm`), a new sample only when the previous is
   about one collection interval old, as DCGM does;
-- never calls ``nvmlDeviceGetPcieThroughput`` (it samples for 20 ms).
+- never calls ``nvmlDeviceGetPcieThroughput`` (it samples for 20 ms);
+- serves the NVLink fields only while one of the GPU's links is active (:mod:`exporter.nvml.nvlink`).
 
 Entities: a GPU without MIG returns one ``Entity(gpu)``. With MIG on, ``Entity(gpu)`` keeps what NVML
 reports GPU-wide and each ``Entity(gpu, gi_id)`` (one per GPU instance, whatever its number of
@@ -42,20 +43,10 @@ from exporter.backend import BackendError, DeviceInfo, Entity, GpuLostError, Mig
 from exporter.nvml import processes as nvml_processes
 from exporter.nvml.devices import DOWN_ERRORS, REINIT_ERRORS, device_info, error_name, init_message, mig_layout
 from exporter.nvml.fields import (
-    FIELD_VALUES,
     GETTERS,
-    GPM_FIELDS,
-    GROUP_FIELDS,
-    LABELS,
-    MIB,
     NOT_READ,
-    RATE_FIELDS,
-    STATIC,
-    UINT_MAX,
-    FieldValue,
-    Getter,
+    NVLINK_FIELDS,
     Plan,
-    RateField,
     as_str,
     convert_field_values,
     make_plan,
@@ -63,11 +54,11 @@ from exporter.nvml.fields import (
     memory_v2,
 )
 from exporter.nvml.gpm import GpmSampler
+from exporter.nvml.nvlink import links_up
 from exporter.nvml.probe import GpuState, PassStats, probe_gpu
 from exporter.nvml.xid import XidEvents
 
-__all__ = ["FIELD_VALUES", "GETTERS", "GPM_FIELDS", "GROUP_FIELDS", "LABELS", "MIB", "RATE_FIELDS", "STATIC",
-           "UINT_MAX", "FieldValue", "Getter", "NvmlBackend", "RateField"]  # fmt: skip
+__all__ = ["NvmlBackend"]
 
 log = logging.getLogger("exporter.nvml")
 
@@ -292,7 +283,9 @@ class NvmlBackend:
         if plan is None:
             if len(g.plans) > 32:
                 g.plans.clear()
-            plan = g.plans[fields] = make_plan(n, g.static, (fields & supported) - NOT_READ - g.labels.keys())
+            plan = g.plans[fields] = make_plan(
+                n, g.static, (fields & supported) - NOT_READ - g.labels.keys(), g.gpm_fields
+            )
         values: dict[str, Value] = {}
         for group in plan.groups:
             try:
@@ -306,6 +299,9 @@ class NvmlBackend:
             self._read_field_values(gpu, g, plan, values, stats)
         if plan.gpm:
             values.update(self._gpm_pass(gpu, g, None, plan.gpm, stats))
+        if plan.nvlink and not links_up(n, h, g.nvlinks, lambda exc: self._failed(gpu, exc, stats)):
+            for name in NVLINK_FIELDS:
+                values.pop(name, None)
         out: dict[Entity, Mapping[str, Value]] = {
             Entity(gpu): {k: v for k, v in values.items() if k in plan.wanted}
         }

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.backend import DeviceInfo, GpuLostError, Value
+from exporter.nvml.brands import brand_name
 
 MIB = 1048576
 UINT_MAX = 0xFFFFFFFF
@@ -133,31 +134,6 @@ LABELS: dict[str, Callable[[Any, Any], str]] = {
     "DCGM_FI_DEV_BRAND": lambda n, h: brand_name(int(n.nvmlDeviceGetBrand(h))),
 }
 
-# nvmlBrandType_t (nvml.h) -> the brand string DCGM reports for DCGM_FI_DEV_BRAND
-# (DcgmCacheManager.cpp's switch, "string constants from nvsmi"; anything else is "Unknown")
-BRANDS: dict[int, str] = {
-    0: "Unknown",
-    1: "Quadro",
-    2: "Tesla",
-    3: "NVS",
-    4: "Grid",
-    5: "GeForce",
-    6: "Titan",
-    7: "NVIDIA Virtual Applications",
-    8: "NVIDIA Virtual PC",
-    9: "NVIDIA Virtual Compute Server",
-    10: "NVIDIA RTX Virtual Workstation",
-    11: "NVIDIA vGaming",  # NVML_BRAND_NVIDIA_VGAMING = NVML_BRAND_NVIDIA_CLOUD_GAMING
-    12: "Quadro RTX",
-    13: "NVIDIA RTX",
-    14: "NVIDIA",
-    15: "GeForce RTX",
-    16: "Titan RTX",
-}
-
-
-def brand_name(code: int) -> str:
-    return BRANDS.get(code, "Unknown")
 
 
 
@@ -235,6 +211,14 @@ RATE_FIELDS: dict[str, RateField] = {
         first_zero=True,
         attr="ullVal",
     ),
+    # PROF NVLink rates where GPM does not give them (before Hopper, or profiling refused): the same
+    # data-only KiB counters over all links, in bytes/s (make_plan prefers GPM when the GPU has it)
+    "DCGM_FI_PROF_NVLINK_TX_BYTES": RateField(
+        (("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", UINT_MAX),), 1024, 1, attr="ullVal"
+    ),
+    "DCGM_FI_PROF_NVLINK_RX_BYTES": RateField(
+        (("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", UINT_MAX),), 1024, 1, attr="ullVal"
+    ),
     # DCGM used the 20 ms nvmlDeviceGetPcieThroughput (KB/s); the byte counters give the same unit free
     "DCGM_FI_DEV_PCIE_TX_THROUGHPUT": RateField((("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", 0),), 1, 1024),
     "DCGM_FI_DEV_PCIE_RX_THROUGHPUT": RateField((("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", 0),), 1, 1024),
@@ -259,9 +243,12 @@ GPM_FIELDS: dict[str, tuple[str, float]] = {
     "DCGM_FI_PROF_NVLINK_TX_BYTES": ("NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC", MIB),
     "DCGM_FI_PROF_NVLINK_RX_BYTES": ("NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC", MIB),
 }
-GPM_NEEDS_NVLINK = frozenset({"DCGM_FI_PROF_NVLINK_TX_BYTES", "DCGM_FI_PROF_NVLINK_RX_BYTES"})
 # every DCGM_FI_DEV_FB_* field GROUP_FIELDS["memory"] reads: per instance on MIG (backend.per_instance)
 _MIG_FB = frozenset(GROUP_FIELDS["memory"])
+# served only while a link is active (exporter.nvml.nvlink); absent on a GPU without NVLink
+NVLINK_FIELDS = frozenset(
+    {"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_PROF_NVLINK_TX_BYTES", "DCGM_FI_PROF_NVLINK_RX_BYTES"}
+)
 _MIG_GPM = frozenset(f for f, (_, scale) in GPM_FIELDS.items() if scale == 0.01)
 _FV_ATTR = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")  # by NVML_VALUE_TYPE_*
 NOT_READ = frozenset({"DCGM_FI_DEV_XID_ERRORS"})  # the XID watcher owns it (wait_xid)
@@ -280,16 +267,21 @@ class Plan:
     gpm: tuple[str, ...]
     mig_fb: bool
     mig_gpm: tuple[str, ...]
+    nvlink: bool = False  # reads an NVLink field: served only while a link is active
 
 
-def make_plan(n: Any, static: Collection[str], wanted: frozenset[str]) -> Plan:
-    """The plan for ``wanted``; ``n`` is the pynvml module, ``static`` the fields read at probe time."""
+def make_plan(
+    n: Any, static: Collection[str], wanted: frozenset[str], gpm_ok: Collection[str] = GPM_FIELDS
+) -> Plan:
+    """The plan for ``wanted``; ``n`` is the pynvml module, ``static`` the fields read at probe time,
+    ``gpm_ok`` the PROF fields this GPU's GPM gives (a field that is also a rate field is read as a
+    rate only where GPM does not give it)."""
+    gpm = tuple(sorted(f for f in wanted if f in GPM_FIELDS and f in gpm_ok))
     fv_names = tuple(sorted(f for f in wanted if f in FIELD_VALUES))
-    rate_names = tuple(sorted(f for f in wanted if f in RATE_FIELDS))
+    rate_names = tuple(sorted(f for f in wanted if f in RATE_FIELDS and f not in gpm))
     request: list[int | tuple[int, int]] = [getattr(n, FIELD_VALUES[f].nvml_name) for f in fv_names]
     for f in rate_names:
         request += [(getattr(n, c), scope) if scope else getattr(n, c) for c, scope in RATE_FIELDS[f].counters]
-    gpm = tuple(sorted(f for f in wanted if f in GPM_FIELDS))
     return Plan(
         wanted=wanted,
         groups=tuple(sorted({_FIELD_GROUP[f] for f in wanted if f in _FIELD_GROUP})),
@@ -300,6 +292,7 @@ def make_plan(n: Any, static: Collection[str], wanted: frozenset[str]) -> Plan:
         gpm=gpm,
         mig_fb=bool(wanted & _MIG_FB),
         mig_gpm=tuple(f for f in gpm if f in _MIG_GPM),
+        nvlink=bool(wanted & NVLINK_FIELDS),
     )
 
 
@@ -318,7 +311,7 @@ def probe_plan(n: Any, static: Collection[str]) -> Plan:
     """A plan reading every field-value and rate field whose NVML_FI_* constants this pynvml knows."""
     simple = [f for f, fv in FIELD_VALUES.items() if hasattr(n, fv.nvml_name)]
     rates = [f for f, r in RATE_FIELDS.items() if all(hasattr(n, c) for c, _ in r.counters)]
-    return make_plan(n, static, frozenset(simple + rates))
+    return make_plan(n, static, frozenset(simple + rates), gpm_ok=())
 
 
 def answered(plan: Plan, results: Sequence[Any]) -> set[str]:

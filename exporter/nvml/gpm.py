@@ -23,7 +23,7 @@ from typing import Any
 
 from exporter.backend import Value
 from exporter.nvml.devices import DOWN_ERRORS, error_name
-from exporter.nvml.fields import GPM_FIELDS, GPM_NEEDS_NVLINK, gpm_value
+from exporter.nvml.fields import GPM_FIELDS, NVLINK_FIELDS, gpm_value
 
 log = logging.getLogger("exporter.nvml_gpm")
 
@@ -56,26 +56,26 @@ class GpmSampler:
         self._lock = threading.Lock()  # GPUs are read on parallel threads: guards _states' shape
         self._warned = False
 
-    def probe(self, gpu: int, h: Any, instances: Sequence[int] = ()) -> tuple[set[str], dict[str, str]]:
+    def probe(
+        self, gpu: int, h: Any, instances: Sequence[int] = (), *, has_nvlink: bool = False
+    ) -> tuple[set[str], dict[str, str]]:
         """(supported PROF fields, refused field -> reason). Takes the GPU's first sample, which
         also tells whether sampling is permitted. On a MIG GPU (``instances``: its GPU instance
         ids) whose parent sample fails, each GPU instance's first sample decides instead (DCGM
-        samples MIG GPUs per GPU instance; nvml.h leaves the parent's errors unspecified). Errors
-        other than NO_PERMISSION propagate."""
+        samples MIG GPUs per GPU instance; nvml.h leaves the parent's errors unspecified). The
+        NVLink metrics count only where the GPU has NVLink links (``has_nvlink``, from
+        :func:`exporter.nvml.nvlink.present_links`: GPM answers 0 for them on a PCIe board).
+        Errors other than NO_PERMISSION propagate."""
         n = self._nvml
         try:
             if not n.nvmlGpmQueryDeviceSupport(h).isSupportedDevice:
                 return set(), {}
         except (self._error, AttributeError):
             return set(), {}
-        try:
-            has_nvlink = n.nvmlDeviceGetNvLinkState(h, 0) == 1
-        except self._error:
-            has_nvlink = False
         candidates = {
             f
             for f, (metric, _) in GPM_FIELDS.items()
-            if hasattr(n, metric) and (has_nvlink or f not in GPM_NEEDS_NVLINK)
+            if hasattr(n, metric) and (has_nvlink or f not in NVLINK_FIELDS)
         }
         try:
             self._first_samples(gpu, h, instances)

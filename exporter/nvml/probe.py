@@ -2,7 +2,9 @@
 
 The probe calls every getter group (memory on a MIG device when the MIG parent refuses it), the
 static getters and label strings, one batched ``nvmlDeviceGetFieldValues`` over every field-value
-field this pynvml knows, and GPM's support and permission check (:mod:`exporter.nvml_gpm`). A
+field this pynvml knows, which NVLink links exist (:mod:`exporter.nvml.nvlink`: no link, no
+NVLink field), and GPM's support and permission check (:mod:`exporter.nvml_gpm`; a PROF field
+that GPM refuses but the NVLink counters give is supported, read as a counter rate). A
 failing call goes to the caller's ``failed``, which raises ``GpuLostError`` for the errors after
 which the GPU no longer answers (and counts UNKNOWN); a GPU whose every call answered UNKNOWN is
 lost.
@@ -15,8 +17,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.backend import DeviceInfo, GpuLostError, Value
-from exporter.nvml.fields import GETTERS, GROUP_FIELDS, LABELS, STATIC, Plan, answered, device_labels, probe_plan
+from exporter.nvml.fields import (
+    GETTERS,
+    GROUP_FIELDS,
+    LABELS,
+    NVLINK_FIELDS,
+    STATIC,
+    Plan,
+    answered,
+    device_labels,
+    probe_plan,
+)
 from exporter.nvml.gpm import GpmSampler
+from exporter.nvml.nvlink import present_links
 
 XID_FIELD = "DCGM_FI_DEV_XID_ERRORS"
 
@@ -35,6 +48,8 @@ class GpuState:
     rate_prev: dict[str, tuple[float, int]] = field(default_factory=dict)
     plans: dict[frozenset[str], Plan] = field(default_factory=dict)
     unavailable: dict[str, str] = field(default_factory=dict)  # field -> why (NO_PERMISSION)
+    gpm_fields: frozenset[str] = frozenset()  # the PROF fields GPM gives (else rates where they exist)
+    nvlinks: tuple[int, ...] = ()  # NVLink link indices NVML reports a state for
     asked: set[str] = field(default_factory=set)  # every field supported_fields was asked about
     xid_watched: bool = False
 
@@ -83,13 +98,23 @@ def probe_gpu(
         except error as exc:
             failed(exc, stats)
     sup.update(g.labels)
-    sup.update(_probe_field_values(nvml, g, stats, failed))
     try:
-        prof, refused = gpm.probe(gpu, h, tuple(sorted(g.mig_handles)))
-        sup.update(prof)
-        g.unavailable.update(refused)
+        g.nvlinks = present_links(n, h)
     except error as exc:
         failed(exc, stats)
+    counted = _probe_field_values(nvml, g, stats, failed)
+    sup.update(counted)
+    try:
+        prof, refused = gpm.probe(gpu, h, tuple(sorted(g.mig_handles)), has_nvlink=bool(g.nvlinks))
+        sup.update(prof)
+        g.gpm_fields = frozenset(prof)
+        g.unavailable.update({f: why for f, why in refused.items() if f not in counted})
+    except error as exc:
+        failed(exc, stats)
+    if not g.nvlinks:  # no NVLink: no series, whatever the counters or GPM answer (0 on a PCIe board)
+        sup -= NVLINK_FIELDS
+        for name in NVLINK_FIELDS:
+            g.unavailable.pop(name, None)
     if g.xid_watched:
         sup.add(XID_FIELD)
     if stats.ok == 0 and stats.unknown > 0:

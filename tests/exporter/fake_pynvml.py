@@ -16,7 +16,10 @@ GPU instance) lists the PIDs ``nvmlDeviceGetComputeRunningProcesses`` answers (d
 GPU, the recording's load); ``hidden_processes`` makes it answer none while memory stays used, as NVML
 does in a container that cannot see other PID namespaces. ``p2p[(a, b)]`` is the NVLink
 nvmlGpuP2PStatus_t of a GPU pair (default NOT_SUPPORTED, a PCIe board). The clock (seconds) drives energy, PCIe and
-NVLink counters and field timestamps.
+NVLink counters and field timestamps. ``nvlink=True`` makes an SXM board: 18 NVLink links
+(``nvlink_links``), active unless in ``links_down``, moving 3,000 KiB/s TX and 1,000 KiB/s RX (the
+throughput counters and GPM agree); without it NVLink answers NOT_SUPPORTED and GPM's NVLink
+metrics 0, as the recorded PCIe H200 did.
 
 As nvml.h documents for a function the device or driver lacks, any ``nvml*`` name this fake does not
 implement answers NVML_ERROR_NOT_SUPPORTED when called; it never succeeds silently.
@@ -26,84 +29,32 @@ GiB * 1024 - 300 MiB, one compute instance) or (gi, slices, profile MiB, ci) (me
 under the profile's memorySizeMB, as drivers reserve some; several entries with the same gi are
 compute instances of one GPU instance). The GPU-instance profile table (nvmlGpuInstanceGetInfo,
 nvmlDeviceGetGpuInstanceProfileInfo) is built from those entries.
+
+The calls live by concern in ``fake_nvml_common`` (recording, handles, the fault gate every call
+passes), ``fake_nvml_fields`` (field values, NVLink state), ``fake_nvml_gpm``, ``fake_nvml_mig`` and
+``fake_nvml_events``; :class:`FakeNvml` holds the state and the remaining device getters.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from importlib import resources
 from types import SimpleNamespace
 from typing import Any
 
 import pynvml as _real
 
-REC: dict[str, Any] = json.loads(
-    resources.files("exporter").joinpath("data", "h200.json").read_text(encoding="utf-8")
-)
-MIB = 1048576
+from tests.exporter.fake_nvml_common import ERROR_NAMES, MIB, REC, FakeBase, Handle, _not_supported, _uuid
+from tests.exporter.fake_nvml_events import EventCalls
+from tests.exporter.fake_nvml_fields import FieldValueCalls
+from tests.exporter.fake_nvml_gpm import GpmCalls, Metric, MetricsGet, Sample
+from tests.exporter.fake_nvml_mig import MigCalls
+
+__all__ = ["ERROR_NAMES", "MIB", "REC", "FakeBase", "FakeNvml", "Handle", "Metric", "MetricsGet", "Sample", "_uuid"]
 
 
-@dataclass(frozen=True)
-class Handle:
-    gpu: int
-    gi: int | None = None
-    ci: int = 0
-    gen: int = field(default=0, compare=False)
-
-
-ERROR_NAMES = {getattr(_real, n): n for n in dir(_real) if n.startswith("NVML_ERROR_")}
-
-
-def _not_supported(name: str) -> Callable[..., Any]:
-    def call(*_args: Any, **_kwargs: Any) -> Any:
-        raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
-
-    call.__name__ = name
-    return call
-
-
-@dataclass
-class Sample:
-    entity: Handle | None = None
-    taken: int = 0
-
-
-@dataclass
-class Metric:
-    metricId: int = 0
-    nvmlReturn: int = 0
-    value: float = 0.0
-
-
-@dataclass
-class MetricsGet:
-    version: int = 0
-    numMetrics: int = 0
-    sample1: Sample | None = None
-    sample2: Sample | None = None
-    metrics: list[Metric] = field(default_factory=lambda: [Metric() for _ in range(256)])
-
-
-def _value_obj(value_type: int, value: float) -> SimpleNamespace:
-    names = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
-    attrs: dict[str, float] = dict.fromkeys(names, 0)
-    name = names[value_type]
-    attrs[name] = float(value) if value_type == 0 else int(value)
-    return SimpleNamespace(**attrs)
-
-
-def _uuid(h: Handle) -> str:
-    base = str(REC["static"]["uuid"])
-    if h.gi is not None:
-        return f"MIG-{base[4:-6]}{h.gpu:02x}{h.gi:02x}{h.ci:02x}"
-    return f"{base[:-2]}{h.gpu:02x}"
-
-
-class FakeNvml:
+class FakeNvml(FieldValueCalls, GpmCalls, MigCalls, EventCalls):
     """One fake NVML library instance. ``mig`` maps a GPU to its instances' (gi id, slices, GiB)."""
 
     def __init__(
@@ -156,9 +107,13 @@ class FakeNvml:
         train = REC["gpm"]["training"]
         self.gpm_values = {getattr(_real, "NVML_GPM_METRIC_" + k): v for k, v in train.items()}
         self.gpm_values[_real.NVML_GPM_METRIC_INTEGER_UTIL] = REC["gpm"]["matmul"]["INTEGER_UTIL"]
-        if nvlink:  # KiB counters, 3 000 KiB/s TX and 1 000 KiB/s RX in total
+        self.nvlink_links = 18 if nvlink else 0  # an H100/H200 SXM: 18 links to the NVSwitches
+        self.links_down: set[int] = set()
+        if nvlink:  # KiB counters, 3 000 KiB/s TX and 1 000 KiB/s RX in total; GPM says the same in MiB/s
             self.fields[_real.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX] = (3, 0)
             self.fields[_real.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX] = (3, 0)
+            self.gpm_values[_real.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC] = 3000 / 1024
+            self.gpm_values[_real.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC] = 1000 / 1024
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("nvml"):
@@ -169,38 +124,6 @@ class FakeNvml:
         """The driver was unloaded and loaded again: calls answer UNINITIALIZED until re-init."""
         self.uninitialized = True
         self.gen += 1
-
-    def _mig_entry(self, h: Handle) -> tuple[int, int, int, int]:
-        """(gi, slices, profile memorySizeMB, memory total MiB) for a MIG device handle."""
-        for m in self.mig[h.gpu]:
-            if m[0] == h.gi and (len(m) < 4 or m[3] == h.ci):
-                if len(m) < 4:
-                    mb = m[2] * 1024 - 300
-                    return m[0], m[1], mb, mb
-                return m[0], m[1], m[2], m[2] - 1024
-        raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
-
-    # --- plumbing ----------------------------------------------------------------------------------
-
-    def _hit(self, name: str, handle: Handle | None = None) -> None:
-        self.calls[name] += 1
-        if self.uninitialized and name != "nvmlShutdown":
-            raise _real.NVMLError(_real.NVML_ERROR_UNINITIALIZED)
-        if handle is not None and handle.gen != self.gen:
-            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
-        if handle is not None and handle.gpu in self.hang:
-            self.hang[handle.gpu].wait()
-        if handle is not None and handle.gpu in self.broken:
-            raise _real.NVMLError(self.broken[handle.gpu])
-        if handle is not None and handle.gpu in self.lost:
-            raise _real.NVMLError(_real.NVML_ERROR_GPU_IS_LOST)
-        if handle is not None and handle.gpu in self.unknown:
-            raise _real.NVMLError(_real.NVML_ERROR_UNKNOWN)
-        if name in self.fail:
-            raise _real.NVMLError(self.fail[name])
-
-    def _t(self) -> float:
-        return self.clock()
 
     # --- system ------------------------------------------------------------------------------------
 
@@ -379,58 +302,6 @@ class FakeNvml:
         self._hit("nvmlDeviceGetPcieThroughput", h)  # 20 ms on real hardware: must never be called
         return 705
 
-    def nvmlDeviceGetNvLinkState(self, h: Handle, link: int) -> int:
-        self._hit("nvmlDeviceGetNvLinkState", h)
-        raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
-
-    def nvmlDeviceGetFieldValues(self, h: Handle, ids: list[Any]) -> list[SimpleNamespace]:
-        self._hit("nvmlDeviceGetFieldValues", h)
-        self.field_requests.append(list(ids))
-        t = self._t()
-        out = []
-        for entry in ids:
-            fid, scope = entry if isinstance(entry, tuple) else (entry, 0)
-            known = self.fields.get(fid)
-            if known is None:
-                out.append(
-                    SimpleNamespace(
-                        fieldId=fid,
-                        scopeId=scope,
-                        nvmlReturn=3,
-                        valueType=0,
-                        timestamp=0,
-                        value=_value_obj(0, 0),
-                    )
-                )
-                continue
-            vtype, value = known
-            if fid == _real.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
-                value = self.load["energy_mj"] + int(t * self.load["power_mw"])  # mW * s = mJ
-            elif fid == _real.NVML_FI_DEV_PCIE_COUNT_TX_BYTES:
-                value = value + int(t * 5 * MIB)
-            elif fid == _real.NVML_FI_DEV_PCIE_COUNT_RX_BYTES:
-                value = value + int(t * 13 * MIB)
-            elif fid == _real.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
-                value = int(t * 3000)
-            elif fid == _real.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX:
-                value = int(t * 1000)
-            obj = _value_obj(vtype, value)
-            if fid == _real.NVML_FI_DEV_MEMORY_TEMP and self.memory_temp_type is not None:
-                vtype = self.memory_temp_type  # the driver claims another type; only 4 bytes are set
-                obj = _value_obj(vtype, (0xDEAD << 32) | int(value))
-                obj.uiVal = int(value)
-            out.append(
-                SimpleNamespace(
-                    fieldId=fid,
-                    scopeId=scope,
-                    nvmlReturn=0,
-                    valueType=vtype,
-                    timestamp=0 if self.zero_timestamps else int(t * 1e6),
-                    value=obj,
-                )
-            )
-        return out
-
     def nvmlDeviceGetComputeRunningProcesses(self, h: Handle) -> list[SimpleNamespace]:
         """nvmlProcessInfo_t (v3) entries: pid, usedGpuMemory, gpuInstanceId, computeInstanceId."""
         self._hit("nvmlDeviceGetComputeRunningProcesses", h)
@@ -448,142 +319,3 @@ class FakeNvml:
         if index != _real.NVML_P2P_CAPS_INDEX_NVLINK:
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
         return int(self.p2p.get((h1.gpu, h2.gpu), _real.NVML_P2P_STATUS_NOT_SUPPORTED))
-
-    # --- GPM ---------------------------------------------------------------------------------------
-
-    def nvmlGpmQueryDeviceSupport(self, h: Handle) -> SimpleNamespace:
-        self._hit("nvmlGpmQueryDeviceSupport", h)
-        return SimpleNamespace(version=1, isSupportedDevice=int(self.gpm_supported))
-
-    def nvmlGpmSampleAlloc(self) -> Sample:
-        self._hit("nvmlGpmSampleAlloc")
-        return Sample()
-
-    def nvmlGpmSampleFree(self, sample: Sample) -> None:
-        self._hit("nvmlGpmSampleFree")
-
-    def nvmlGpmSampleGet(self, h: Handle, sample: Sample) -> Sample:
-        self._hit("nvmlGpmSampleGet", h)
-        if self.gpm_refused:
-            raise _real.NVMLError(_real.NVML_ERROR_NO_PERMISSION)
-        sample.entity, sample.taken = h, self.calls["nvmlGpmSampleGet"] + self.calls["nvmlGpmMigSampleGet"]
-        return sample
-
-    def nvmlGpmMigSampleGet(self, h: Handle, gi: int, sample: Sample) -> Sample:
-        self._hit("nvmlGpmMigSampleGet", h)
-        if self.gpm_refused:
-            raise _real.NVMLError(_real.NVML_ERROR_NO_PERMISSION)
-        sample.entity, sample.taken = (
-            Handle(h.gpu, gi),
-            self.calls["nvmlGpmSampleGet"] + self.calls["nvmlGpmMigSampleGet"],
-        )
-        return sample
-
-    def c_nvmlGpmMetricsGet_t(self) -> MetricsGet:
-        return MetricsGet()
-
-    def nvmlGpmMetricsGet(self, req: MetricsGet) -> MetricsGet:
-        self._hit("nvmlGpmMetricsGet", req.sample2.entity if req.sample2 else None)
-        assert req.sample1 is not None and req.sample2 is not None and req.sample1 is not req.sample2
-        assert req.sample1.entity == req.sample2.entity and req.sample1.taken < req.sample2.taken
-        share = 0.5 if req.sample2.entity is not None and req.sample2.entity.gi is not None else 1.0
-        for m in req.metrics[: req.numMetrics]:
-            if m.metricId in self.gpm_values:
-                m.nvmlReturn, m.value = 0, self.gpm_values[m.metricId] * share
-            else:
-                m.nvmlReturn, m.value = _real.NVML_ERROR_NOT_SUPPORTED, 0.0
-        return req
-
-    # --- MIG ---------------------------------------------------------------------------------------
-
-    def nvmlDeviceGetMigMode(self, h: Handle) -> list[int]:
-        self._hit("nvmlDeviceGetMigMode", h)
-        return [1, 1] if h.gpu in self.mig else [0, 0]
-
-    def nvmlDeviceGetMaxMigDeviceCount(self, h: Handle) -> int:
-        self._hit("nvmlDeviceGetMaxMigDeviceCount", h)
-        return 7 if h.gpu in self.mig else 0
-
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Handle, index: int) -> Handle:
-        self._hit("nvmlDeviceGetMigDeviceHandleByIndex", h)
-        instances = self.mig.get(h.gpu, ())
-        if index >= len(instances):
-            raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
-        m = instances[index]
-        return Handle(h.gpu, m[0], m[3] if len(m) > 3 else 0, gen=self.gen)
-
-    def nvmlDeviceGetGpuInstanceId(self, h: Handle) -> int:
-        self._hit("nvmlDeviceGetGpuInstanceId", h)
-        assert h.gi is not None
-        return h.gi
-
-    def nvmlDeviceGetComputeInstanceId(self, h: Handle) -> int:
-        self._hit("nvmlDeviceGetComputeInstanceId", h)
-        assert h.gi is not None
-        return h.ci
-
-    def nvmlDeviceGetAttributes(self, h: Handle) -> SimpleNamespace:
-        """The MIG device's attributes; memorySizeMB is the memory it reports (for 4-tuple
-        entries a GiB under the profile's), so only the profile route names profiles as DCGM."""
-        self._hit("nvmlDeviceGetAttributes", h)
-        _gi, slices, _profile_mb, total = self._mig_entry(h)
-        return SimpleNamespace(gpuInstanceSliceCount=slices, memorySizeMB=total)
-
-    def _profiles(self, gpu: int) -> list[tuple[int, int]]:
-        """GPU instance profiles by profile index: (sliceCount, memorySizeMB); id = 100 + index."""
-        out = set()
-        for m in self.mig.get(gpu, ()):
-            out.add((m[1], m[2] * 1024 - 300 if len(m) < 4 else m[2]))
-        return sorted(out)
-
-    def nvmlDeviceGetGpuInstanceById(self, h: Handle, gi: int) -> Handle:
-        self._hit("nvmlDeviceGetGpuInstanceById", h)
-        if not self.profiles or not any(m[0] == gi for m in self.mig.get(h.gpu, ())):
-            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED if not self.profiles else _real.NVML_ERROR_NOT_FOUND)
-        return Handle(h.gpu, gi, gen=self.gen)
-
-    def nvmlGpuInstanceGetInfo(self, gih: Handle) -> SimpleNamespace:
-        self._hit("nvmlGpuInstanceGetInfo", gih)
-        m = next(m for m in self.mig[gih.gpu] if m[0] == gih.gi)
-        key = (m[1], m[2] * 1024 - 300 if len(m) < 4 else m[2])
-        return SimpleNamespace(id=gih.gi, profileId=100 + self._profiles(gih.gpu).index(key))
-
-    def nvmlDeviceGetGpuInstanceProfileInfo(self, h: Handle, profile: int) -> SimpleNamespace:
-        self._hit("nvmlDeviceGetGpuInstanceProfileInfo", h)
-        table = self._profiles(h.gpu)
-        if not self.profiles or profile >= len(table):
-            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
-        slices, mb = table[profile]
-        return SimpleNamespace(id=100 + profile, sliceCount=slices, memorySizeMB=mb)
-
-    # --- events ------------------------------------------------------------------------------------
-
-    def nvmlDeviceGetSupportedEventTypes(self, h: Handle) -> int:
-        self._hit("nvmlDeviceGetSupportedEventTypes", h)
-        return int(REC["static"]["supported_event_types"])
-
-    def nvmlEventSetCreate(self) -> object:
-        self._hit("nvmlEventSetCreate")
-        return object()
-
-    def nvmlDeviceRegisterEvents(self, h: Handle, types: int, event_set: object) -> None:
-        self._hit("nvmlDeviceRegisterEvents", h)
-        self.registered.append(h.gpu)
-
-    def nvmlEventSetWait_v2(self, event_set: object, timeout_ms: int) -> SimpleNamespace:
-        self._hit("nvmlEventSetWait_v2")
-        if not self.xids:
-            raise _real.NVMLError(_real.NVML_ERROR_TIMEOUT)
-        event = self.xids.pop(0)
-        gpu, xid = event[0], event[1]
-        gi = event[2] if len(event) > 2 else 0xFFFFFFFF
-        return SimpleNamespace(
-            device=Handle(gpu, gen=self.gen),
-            eventType=_real.nvmlEventTypeXidCriticalError,
-            eventData=xid,
-            gpuInstanceId=gi,
-            computeInstanceId=0xFFFFFFFF,
-        )
-
-    def nvmlEventSetFree(self, event_set: object) -> None:
-        self._hit("nvmlEventSetFree")
