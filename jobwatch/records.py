@@ -54,7 +54,7 @@ class TrainJobRecord:
     conditions: dict[str, bool] = field(default_factory=dict)
     exempt: bool = False
     stall_after: float | None = None
-    status_raw: str | None = None
+    status_raw: str | None = None  # SHA-256 of the source's text: a change is told, the text not kept
     annotation_raw: str | None = None
     status_report: Report | None = None
     annotation_report: Report | None = None
@@ -67,6 +67,7 @@ class JobRecord:
     observed: Report | None = None
     ended_at: float | None = None
     bad_logged: set[str] = field(default_factory=set)
+    reset_logged: bool = False
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -7,14 +7,19 @@ follows the GPU pods, not the cluster. Progress is taken from, in order, the Tra
 ``status.trainerStatus``, its RHOAI annotation ``trainer.opendatahub.io/trainerStatus``, and the
 push endpoint; the first that has a valid report is fed to the job's tracker, only when it
 changed. A malformed report is counted (``gpu_jobwatch_progress_errors_total``) and logged once
-per job and source; the last valid one stays (nothing is invented).
+per job and source; the last valid one stays (nothing is invented). A ``trainerStatus`` over 64 KiB
+is malformed (``too_large``) and never parsed. Of each source's raw text only a SHA-256 digest is
+kept (to tell a change), never the text. A step going backwards is counted as a reset
+(``gpu_job_progress_resets_total``) every time and logged once per job.
 
 A job ends when no pod of it holds GPUs and (for a TrainJob) it is Complete or Failed, or gone; its
-series stay ``retention`` seconds (15 minutes) after that, then go, until it runs again.
+series stay ``retention`` seconds (15 minutes) after that, then go, until it runs again: an
+update of the ended TrainJob (a late status, an annotation) does not bring them back.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -27,6 +32,8 @@ from jobwatch.health import Health
 from jobwatch.prices import PriceTable
 from jobwatch.progress import (
     DEFAULT_ALLOW,
+    MAX_PUSH_BYTES,
+    BodyTooLarge,
     ProgressError,
     Report,
     parse_rhoai_annotation,
@@ -57,6 +64,10 @@ RHOAI_ANNOTATION = "trainer.opendatahub.io/trainerStatus"
 
 def _reason(exc: ProgressError) -> str:
     return str(getattr(exc, "code", "invalid"))
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class State:
@@ -191,16 +202,19 @@ class State:
         rec.conditions = {c: bool(conds.get(c)) for c in CONDITIONS}
         rec.exempt, rec.stall_after = wl.exempt(obj), wl.stall_after_override(obj)
         raw = status.get("trainerStatus")
-        status_raw = None if raw is None else json.dumps(raw, sort_keys=True)
+        text = None if raw is None else json.dumps(raw, sort_keys=True)
+        status_raw = None if text is None else _digest(text)
         if status_raw != rec.status_raw:
             rec.status_raw = status_raw
-            if raw is not None:
+            if raw is not None and text is not None:
                 try:
+                    if len(text) > MAX_PUSH_BYTES:  # the CRD's limits keep a real one far below this
+                        raise BodyTooLarge(f"trainerStatus: over {MAX_PUSH_BYTES} bytes")
                     rec.status_report = parse_trainer_status(raw, "trainjob_status")
                 except ProgressError as exc:
                     self._bad(w, "trainjob_status", exc)
         ann = wl.annotations_of(obj).get(RHOAI_ANNOTATION)
-        ann_raw = ann if isinstance(ann, str) else None if ann is None else repr(ann)
+        ann_raw = None if ann is None else _digest(ann if isinstance(ann, str) else repr(ann))
         if ann_raw != rec.annotation_raw:
             rec.annotation_raw = ann_raw
             if ann is not None:
@@ -238,6 +252,8 @@ class State:
 
     def _bad(self, w: Workload, source: str, exc: ProgressError) -> None:
         self.health.progress_error(source, _reason(exc))
+        if w in self._expired:  # counted; an ended job's series do not come back for it
+            return
         job = self._job(w)
         if source not in job.bad_logged:
             job.bad_logged.add(source)
@@ -255,7 +271,7 @@ class State:
 
     def _feed(self, w: Workload, now: float) -> None:
         report = self._chosen(w)
-        if report is None:
+        if report is None or w in self._expired:
             return
         job = self._job(w)
         if report == job.observed:
@@ -265,8 +281,10 @@ class State:
             job.tracker = JobTracker()
         events = job.tracker.observe(report, now)
         where = {"namespace": w.namespace, "job_kind": w.kind, "job_name": w.name, "source": report.source}
-        if "reset" in events:
-            log.info("progress of %s %s/%s went back to step %s (a restart or resume)", w.kind, w.namespace, w.name,
+        if "reset" in events and not job.reset_logged:
+            job.reset_logged = True
+            log.info("progress of %s %s/%s went back to step %s (a restart or resume; further resets are counted "
+                     "in gpu_job_progress_resets_total, not logged)", w.kind, w.namespace, w.name,
                      job.tracker.step, extra=where)
         if "crash_loop" in events:
             log.warning("%s %s/%s reset %d times without its highest step moving", w.kind, w.namespace, w.name,
@@ -313,12 +331,16 @@ class State:
                 live = w in by_w or (tj is not None and not (tj.conditions.get("Complete") or
                                                              tj.conditions.get("Failed")))
                 if live:
-                    self._expired.discard(w)
+                    if w in self._expired:  # it runs again: its sources count again
+                        self._expired.discard(w)
+                        self._feed(w, now)
                     job = self._job(w)
                     if job.ended_at is not None:
                         job.ended_at = None
                     continue
                 if w in self._expired:
+                    if self.jobs.pop(w, None) is not None:  # nothing brings an ended job's series back
+                        self.changed.set()
                     continue
                 job = self._job(w)
                 if job.ended_at is None:

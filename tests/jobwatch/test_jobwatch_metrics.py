@@ -120,7 +120,14 @@ def test_status_wins_over_the_annotation(fake: FakeAPIServer, tmp_path: Path) ->
     ("annotation", json.dumps({"currentStep": -5}), "out_of_range"),
     ("annotation", json.dumps({"currentStep": "NaN"}), "wrong_type"),
     ("annotation", "x" * (10 << 20), "too_large"),
+    ("annotation", '{"currentStep": NaN}', "nonfinite"),
     ("status", {"lastUpdatedTime": "2026-06-12T03:00:00Z", "progressPercentage": "45"}, "wrong_type"),
+    ("status", {"lastUpdatedTime": "2026-06-12T03:00:00Z", "metrics": [{"name": "current_step", "value": "nan"}]},
+     "nonfinite"),
+    ("status", {"lastUpdatedTime": "2026-06-12T03:00:00Z", "metrics": [{"name": "current_step", "value": "-5"}]},
+     "out_of_range"),
+    ("status", {"lastUpdatedTime": "2026-06-12T03:00:00Z", "metrics": [{"name": "loss", "value": "x" * (10 << 20)}]},
+     "too_large"),
     ("status", {"progressPercentage": 45}, "missing_time"),
 ])
 def test_malformed_progress_is_counted_logged_once_and_never_invents_progress(
@@ -147,6 +154,8 @@ def test_malformed_progress_is_counted_logged_once_and_never_invents_progress(
         assert r.value("gpu_job_progress_source_info", job_name="bad", source=source) is None
         logged = [m for m in caplog.messages if "malformed progress" in m]
         assert len(logged) == 1 and "bad" in logged[0]
+        kept = r.app.state.trainjobs[("ml", "bad")]
+        assert len(kept.status_raw or "") <= 64 and len(kept.annotation_raw or "") <= 64  # a digest, not 10 MB
         assert r.app.pods.running and r.value("gpu_jobwatch_watch_up", resource="trainjobs") == 1
         good = {"status": trainer_status(300)} if kind == "status" else {"annotations": {RHOAI: rhoai(300)}}
         fake.apply("trainjobs", trainjob("bad", **good))  # type: ignore[arg-type]
@@ -156,7 +165,9 @@ def test_malformed_progress_is_counted_logged_once_and_never_invents_progress(
         assert r.value("gpu_job_progress_step", job_name="bad") == 300
 
 
-def test_a_step_going_backwards_counts_a_reset(fake: FakeAPIServer, tmp_path: Path) -> None:
+def test_a_step_going_backwards_counts_a_reset(fake: FakeAPIServer, tmp_path: Path,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="jobwatch")
     fake.apply("trainjobs", trainjob("rs", status=trainer_status(500, at="2026-06-12T03:00:00Z")))
     with jobwatch(fake, tmp_path) as r:
         r.wait_value("gpu_job_progress_step", 500, job_name="rs")
@@ -166,6 +177,11 @@ def test_a_step_going_backwards_counts_a_reset(fake: FakeAPIServer, tmp_path: Pa
         assert r.value("gpu_job_progress_resets_without_advance", job_name="rs") == 1
         fake.apply("trainjobs", trainjob("rs", status=trainer_status(450, at="2026-06-12T03:11:00Z")))
         r.wait_value("gpu_job_redone_steps_total", 50, job_name="rs")
+        for i, step in enumerate((300, 350, 200, 250, 100)):  # a reporter flapping: counted each time
+            fake.apply("trainjobs", trainjob("rs", status=trainer_status(step, at=f"2026-06-12T03:2{i}:00Z")))
+        r.wait_value("gpu_job_progress_resets_total", 4, job_name="rs")
+        went_back = [m for m in caplog.messages if "went back" in m]
+        assert len(went_back) == 1 and "rs" in went_back[0]  # and logged once per job
 
 
 def test_conditions_exempt_and_stall_after(fake: FakeAPIServer, tmp_path: Path) -> None:
@@ -213,10 +229,15 @@ def test_series_go_15_minutes_after_the_job_ends(fake: FakeAPIServer, tmp_path: 
         assert r.value("gpu_job_condition", job_name="done", condition="Complete") is None
         assert r.value("gpu_job_exempt", job_name="bj") is None
         clock.advance(3600)  # the TrainJob stays in the API, Complete: it does not come back
+        seen = r.value("gpu_jobwatch_events_total", resource="trainjobs", type="MODIFIED") or 0
         fake.apply("trainjobs", trainjob("done", status=trainer_status(1000, pct=100), conditions={"Complete": True},
                                          annotations={"touched": "yes"}))
-        r.wait_for(lambda: r.app.state.trainjobs[("ml", "done")] is not None)
-        assert r.value("gpu_job_exempt", job_name="done") is None
+        fake.apply("trainjobs", trainjob("done", status=trainer_status(1000, pct=100, at="2026-06-12T04:00:00Z"),
+                                         conditions={"Complete": True}, annotations={RHOAI: "{late"}))
+        r.wait_value("gpu_jobwatch_events_total", seen + 2, resource="trainjobs", type="MODIFIED")
+        assert r.value("gpu_job_exempt", job_name="done") is None  # neither a late status nor a bad one
+        assert r.value("gpu_job_progress_step", job_name="done") is None
+        assert ("ml", "TrainJob", "done") not in {(w.namespace, w.kind, w.name) for w in r.app.state.jobs}
         fake.apply("pods", trainjob_pod("done", 0))  # it runs again
         r.wait_value("gpu_job_exempt", 0, job_name="done")
 
