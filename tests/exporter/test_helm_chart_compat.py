@@ -6,6 +6,13 @@ NVIDIA/dcgm-exporter tag 4.5.3-4.8.2: deployment/values.yaml (``arguments``, ``s
 and deployment/templates/web-config-configmap.yaml (TLS and basic auth variants); its counters
 ConfigMap (templates/metrics-configmap.yaml) is default-counters.csv beside it.
 
+The swap (issue 21 point 11, docs/nvidia-helm-chart.md): the chart's templates themselves
+(Chart.yaml, values.yaml, templates/_helpers.tpl, daemonset.yaml, service.yaml,
+service-monitor.yaml, verbatim from that tag) are in chart/ beside it, rendered by
+tests/exporter/helmrender.py as ``helm template`` would, with the values override read from the
+doc's YAML block: the DaemonSet runs our image with arguments and environment the exporter's own
+settings parser accepts, on the same port, behind the same Service, ServiceMonitor and job name.
+
 The run tests bind 127.0.0.1 on a free port (GPU_EXPORTER_LISTEN, which by the precedence rule
 beats the chart's DCGM_EXPORTER_LISTEN) and read the ConfigMap's CSV from the test data folder
 instead of its mount path; everything else is exactly what the chart passes.
@@ -16,6 +23,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import re
 import shutil
 import socket
 import ssl
@@ -26,11 +34,14 @@ from typing import Any
 
 import bcrypt
 import pytest
+import yaml
 
+from exporter import __version__
 from exporter.cli import EXIT_OK, main
 from exporter.settings import load_settings
 from exporter.simulated import SimulatedBackend
-from tests.helpers import TEST_DATA, free_port, wait_until
+from tests.exporter.helmrender import coalesce, render_chart
+from tests.helpers import REPO_ROOT, TEST_DATA, free_port, wait_until
 from tests.tls_certs import Certs, make_certs
 
 DATA = TEST_DATA / "nvidia_dcgm_exporter_chart_4.8.2"
@@ -39,29 +50,34 @@ CSV_MOUNT = "/etc/dcgm-exporter/default-counters.csv"
 NODE = "gpu-node-7"
 
 
-def chart_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: (NODE if isinstance(v, dict) else v) for k, v in CHART["env"].items()}  # fieldRef spec.nodeName
-    env.update(extra or {})
-    return env
+def chart_env(extra: dict[str, str] | None = None, env: dict[str, Any] | None = None) -> dict[str, str]:
+    base = CHART["env"] if env is None else env
+    out = {k: (NODE if isinstance(v, dict) else v) for k, v in base.items()}  # fieldRef spec.nodeName
+    out.update(extra or {})
+    return out
 
 
-def chart_args() -> list[str]:
-    return [str(DATA / "default-counters.csv") if a == CSV_MOUNT else a for a in CHART["args"]]
+def chart_args(args: list[str] | None = None) -> list[str]:
+    return [str(DATA / "default-counters.csv") if a == CSV_MOUNT else a for a in (args or CHART["args"])]
 
 
 @pytest.fixture
 def run_chart(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
     threads: list[tuple[threading.Thread, threading.Event, list[int]]] = []
 
-    def start(extra_env: dict[str, str] | None = None) -> int:
+    def start(extra_env: dict[str, str] | None = None, *, args: list[str] | None = None,
+              env: dict[str, Any] | None = None) -> int:
+        """Run what the chart passes: its recorded default, or ``args``/``env`` of a rendering."""
         port = free_port()
-        env = chart_env({"GPU_EXPORTER_LISTEN": f"127.0.0.1:{port}",
-                         "GPU_EXPORTER_POD_RESOURCES_SOCKET": str(tmp_path / "no-kubelet.sock"), **(extra_env or {})})
-        for k, v in env.items():
+        full_env = chart_env({"GPU_EXPORTER_LISTEN": f"127.0.0.1:{port}",
+                              "GPU_EXPORTER_POD_RESOURCES_SOCKET": str(tmp_path / "no-kubelet.sock"),
+                              **(extra_env or {})}, env)
+        for k, v in full_env.items():
             monkeypatch.setenv(k, v)
+        argv = chart_args(args)
         stop, result = threading.Event(), []
         t = threading.Thread(target=lambda: result.append(
-            main(chart_args(), stop, backend_factory=lambda _: SimulatedBackend(n_gpus=2))))
+            main(argv, stop, backend_factory=lambda _: SimulatedBackend(n_gpus=2))))
         t.start()
         threads.append((t, stop, result))
         assert wait_until(lambda: _connects(port) or bool(result), timeout=10), result
@@ -162,3 +178,139 @@ def test_chart_with_basic_auth_passes_its_tcp_probe_and_guards_metrics(run_chart
     auth = "Basic " + base64.b64encode(b"prometheus:scrape-me").decode()
     status, body = get(port, "/metrics", headers={"Authorization": auth})
     assert status == 200 and b"DCGM_FI_DEV_GPU_UTIL" in body
+
+
+# -- the swap: the chart's templates rendered with docs/nvidia-helm-chart.md's override ---------------
+
+CHART_DIR = DATA / "chart"
+DOC = REPO_ROOT / "docs" / "nvidia-helm-chart.md"
+OUR_DAEMONSET = REPO_ROOT / "deploy" / "exporter" / "daemonset.yaml"
+# release name -> the chart's fullname, which names the Service and so the Prometheus Operator's job
+RELEASES = {"dcgm-exporter": "dcgm-exporter", "monitoring": "monitoring-dcgm-exporter",
+            "dcgm-exporter-1712345678": "dcgm-exporter-1712345678"}
+
+
+def doc_values(name: str) -> dict[str, Any]:
+    """The doc's ```yaml block whose first line is ``# <name>: ...``; exactly one such block."""
+    blocks = [b for b in re.findall(r"^```yaml\n(.*?)^```$", DOC.read_text(), re.S | re.M)
+              if b.startswith(f"# {name}:")]
+    assert len(blocks) == 1, (name, len(blocks))
+    values: dict[str, Any] = yaml.safe_load(blocks[0])
+    return values
+
+
+def rendered(overrides: dict[str, Any] | None = None, release: str = "dcgm-exporter") -> dict[str, dict[str, Any]]:
+    docs = render_chart(CHART_DIR, overrides, release=release, namespace="gpu-operator")
+    by_kind = {d["kind"]: d for d in docs}
+    assert sorted(by_kind) == ["DaemonSet", "Service", "ServiceMonitor"] and len(docs) == 3
+    return by_kind
+
+
+def container(objs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    containers: list[dict[str, Any]] = objs["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def env_of(c: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e["value"] if "value" in e else {"fieldRef": e["valueFrom"]["fieldRef"]["fieldPath"]}
+            for e in c["env"]}
+
+
+def test_rendering_the_recorded_templates_gives_what_chart_json_recorded() -> None:
+    c = container(rendered())
+    assert c["args"] == CHART["args"]
+    assert env_of(c) == CHART["env"]
+    assert c["ports"] == [{"name": CHART["port_name"], "containerPort": CHART["container_port"]}]
+    assert c["image"] == "nvcr.io/nvidia/k8s/dcgm-exporter:4.5.3-4.8.2-distroless"
+    for probe, key in (("liveness_probe", "livenessProbe"), ("readiness_probe", "readinessProbe")):
+        assert c[key] == CHART[probe]
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts == set(CHART["volume_mounts"])
+
+
+def test_the_doc_has_one_override_and_one_hostname_block() -> None:
+    values = doc_values("values-gpu-exporter.yaml")
+    assert set(values) == {"image", "arguments", "service", "serviceMonitor"}
+    assert set(doc_values("values-hostname.yaml")) == {"arguments"}
+
+
+def test_the_override_runs_our_image_and_version() -> None:
+    image = container(rendered(doc_values("values-gpu-exporter.yaml")))["image"]
+    ours = next(d for d in yaml.safe_load_all(OUR_DAEMONSET.read_text()) if d and d["kind"] == "DaemonSet")
+    (our_container,) = ours["spec"]["template"]["spec"]["containers"]
+    repository, _, tag = image.rpartition(":")
+    assert repository.rsplit("/", 1)[-1] + ":" + tag == our_container["image"] == f"gpu-telemetry:{__version__}"
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
+def test_the_override_keeps_the_charts_objects_port_and_job(release: str) -> None:
+    before, after = rendered(release=release), rendered(doc_values("values-gpu-exporter.yaml"), release=release)
+    assert after["Service"] == before["Service"]  # name, labels, selector, port 9400 -> 9400
+    assert after["Service"]["metadata"]["name"] == RELEASES[release]
+    assert after["Service"]["spec"]["ports"] == [{"name": "metrics", "port": 9400, "targetPort": 9400,
+                                                  "protocol": "TCP"}]
+    sm_before, sm_after = before["ServiceMonitor"], after["ServiceMonitor"]
+    assert sm_after["metadata"] == sm_before["metadata"]
+    assert sm_after["spec"]["selector"] == sm_before["spec"]["selector"]
+    assert sm_after["spec"]["selector"]["matchLabels"].items() <= after["Service"]["metadata"]["labels"].items()
+    assert "jobLabel" not in sm_after["spec"]  # so job="<the Service's name>", before and after
+    (ep,) = sm_after["spec"]["endpoints"]
+    assert (ep["port"], ep["path"], ep["honorLabels"]) == ("metrics", "/metrics", True)
+    assert ep["relabelings"] == [{"action": "labeldrop", "regex": "pod|namespace|container"}]
+    ds_before, ds_after = before["DaemonSet"], after["DaemonSet"]
+    assert ds_after["metadata"] == ds_before["metadata"]
+    assert ds_after["spec"]["selector"] == ds_before["spec"]["selector"]
+    assert ds_after["spec"]["template"]["metadata"] == ds_before["spec"]["template"]["metadata"]
+    c_before, c_after = container(before), container(after)
+    for key in ("ports", "livenessProbe", "readinessProbe", "volumeMounts", "env"):
+        assert c_after[key] == c_before[key], key
+    assert c_after["image"] != c_before["image"]
+
+
+def test_the_override_args_and_env_are_what_our_settings_parser_accepts() -> None:
+    c = container(rendered(doc_values("values-gpu-exporter.yaml")))
+    s = load_settings(c["args"], chart_env(env=env_of(c)))
+    assert s.listen == ("", 9400)
+    assert s.collectors == CSV_MOUNT
+    assert s.kubernetes is True
+    assert (s.hostname, s.hostname_label) == (NODE, "Hostname")
+    assert s.warnings == ()
+
+
+def test_the_hostname_block_layers_on_the_override_and_names_the_label_hostname() -> None:
+    values = coalesce(doc_values("values-gpu-exporter.yaml"), doc_values("values-hostname.yaml"))
+    c = container(rendered(values))
+    s = load_settings(c["args"], chart_env(env=env_of(c)))
+    assert (s.hostname, s.hostname_label, s.collectors) == (NODE, "hostname", CSV_MOUNT)
+
+
+@pytest.mark.parametrize(("extra", "label"), [("values-gpu-exporter.yaml", "Hostname"),
+                                               ("values-hostname.yaml", "hostname")])
+def test_the_rendered_daemonset_runs_and_serves_its_probes_and_metrics(run_chart: Any, extra: str, label: str) -> None:
+    values = coalesce(doc_values("values-gpu-exporter.yaml"), doc_values(extra))
+    c = container(rendered(values))
+    port = run_chart(args=c["args"], env=env_of(c))
+    assert get(port, c["livenessProbe"]["httpGet"]["path"])[0] == 200
+    assert get(port, c["readinessProbe"]["httpGet"]["path"])[0] == 200
+    status, body = get(port, "/metrics")
+    text = body.decode()
+    assert status == 200 and 'DCGM_FI_DEV_GPU_UTIL{gpu="0"' in text
+    other = "hostname" if label == "Hostname" else "Hostname"
+    assert f'{label}="{NODE}"' in text and f'{other}="' not in text
+    assert 'gpu_exporter_device_up{gpu="0",' in text
+
+
+def test_chart_options_the_doc_names_reach_the_exporter() -> None:
+    values = coalesce(doc_values("values-gpu-exporter.yaml"), {
+        "kubernetes": {"enablePodLabels": True, "enablePodUID": True},
+        "debugDump": {"enabled": True}, "kubernetesDRA": {"enabled": True}})
+    objs = rendered(values)
+    assert objs["DaemonSet"]["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+    c = container(objs)
+    s = load_settings(c["args"], chart_env(env=env_of(c)))
+    assert s.pod_labels is True and s.pod_uid is True
+    named = " ".join(s.warnings)
+    for flag in ("--dump-enabled", "--dump-directory", "--dump-retention", "--dump-compression",
+                 "KUBERNETES_ENABLE_DRA"):
+        assert flag in named, flag
