@@ -117,6 +117,12 @@ class RelayMetrics:
             "what SQLite could read salvaged; see the ERROR log line for what was lost).",
             ["destination"], registry=registry,
         )
+        self.queue_lost_samples_total = Counter(
+            p + "queue_lost_samples", "Samples a queue had stored (their sender told 2xx) that were missing "
+            "from its file at open, by cause: wal_lost, file_emptied, file_replaced, damaged (from the "
+            "queue's loss log; one ERROR line says the same).",
+            ["destination", "cause"], registry=registry,
+        )
 
     def forget_destination(self, destination: str) -> None:
         """Remove a destination's series (after it left the configuration)."""
@@ -128,6 +134,9 @@ class RelayMetrics:
         ):
             with contextlib.suppress(KeyError):
                 metric.remove(destination)
+        for cause in ("wal_lost", "file_emptied", "file_replaced", "damaged"):
+            with contextlib.suppress(KeyError):
+                self.queue_lost_samples_total.remove(destination, cause)
         for metric in (self.samples_dropped_total, self.samples_failed_total, self.samples_retried_total):
             reasons = {
                 sample.labels["reason"]

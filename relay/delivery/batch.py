@@ -4,7 +4,10 @@
 plus max_sample_age) and answers a ``SendResult``; it never raises. What each answer means is
 relay.delivery.send_policy's (retry classes, Retry-After, backoff with jitter); here are the loop,
 the counters (sent, retried, failed by reason) and the rate-limited failure log (one line a minute
-per destination and reason). ``BatchSender`` declares what the loop uses; Sender sets it all.
+per destination and reason). A 401/403 is held (``on_auth_error: hold``): retried with backoff up
+to ``AUTH_MAX_BACKOFF``, credentials refreshed first, bounded only by max_sample_age and the queue.
+What the loop meets feeds ``state()`` and ``drops_last_hour()`` (relay.delivery.health), what the
+status page shows. ``BatchSender`` declares what the loop uses; Sender sets it all.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from relay.delivery.send_policy import (
 from relay.delivery.transport import CREDENTIALS_PREFIX, Response, Transport
 
 log = logging.getLogger("relay.sender")
+# a clock step is seen by every destination's sender: logged once (the first to see it)
+_CLOCK_LOG = RateLimitedLog(log, interval=300.0)
 
 
 @dataclass(frozen=True)
@@ -178,6 +183,28 @@ class BatchSender:
             backoff = min(backoff * 2, s.max_backoff)
             attempt += 1
             self.metrics.samples_retried_total.labels(dest, reason).inc(samples)
+
+    # -- what the status page and the report show (relay.delivery.health) -------------------------
+    def state(self) -> str:
+        """One of "sending", "retrying", "auth_blocked" (holding after a 401/403), "rejecting"
+        (a final 4xx dropped samples in the last 5 minutes); a dry run has no Sender."""
+        return self.health.state()
+
+    def drops_last_hour(self) -> dict[str, int]:
+        """Samples this sender gave up on by reason in the last hour (http_<code>, too_old, partial,
+        malformed); the queue's queue_full drops are the pipeline's counter (relay.control's
+        DeliveryWatch adds them up across reloads)."""
+        return self.health.drops_last_hour()
+
+    def _clock_stepped(self, step: float) -> None:
+        if step > 0:
+            text = (f"the wall clock stepped forward by {step:.0f}s (against the monotonic clock); samples "
+                    "queued before the step are aged by the time they really waited, so max_sample_age "
+                    "does not drop them as too_old")
+        else:
+            text = (f"the wall clock stepped back by {-step:.0f}s (against the monotonic clock); queued "
+                    "samples look younger than they are and are kept longer, up to max_sample_age")
+        _CLOCK_LOG.warning(("clock_step", round(step / 60)), "%s", text, extra={"reason": "clock_step"})
 
     # -- the clock and the credentials -------------------------------------------------------------
     def _now(self) -> float:

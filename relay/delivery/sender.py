@@ -83,8 +83,6 @@ log = logging.getLogger("relay.sender")
 
 _POLL = 0.2  # how often idle threads look at the stop flag and for new shards
 _MAX_ENTRIES = 1000  # entries in one batch at most
-# a clock step is seen by every destination's sender: logged once (the first to see it)
-_CLOCK_LOG = RateLimitedLog(log, interval=300.0)
 
 
 class Sender(ShippingSender):
@@ -160,8 +158,11 @@ class Sender(ShippingSender):
         self.watch = None if monotonic is None else ClockWatch(clock, monotonic, self._clock_stepped)
         self._auth_warned = False
         metrics.queue_max_bytes.labels(name).set(queue.max_disk_bytes)
-        if queue.take_damage_report() is not None:  # logged by the queue at open; counted here, once
+        report = queue.take_damage_report()
+        if report is not None:  # logged by the queue at open; counted here, once
             metrics.queue_damaged_total.labels(name).inc()
+            if report.lost_samples is not None and report.lost_cause:
+                metrics.queue_lost_samples_total.labels(name, report.lost_cause).inc(report.lost_samples)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -197,28 +198,6 @@ class Sender(ShippingSender):
             log.warning("%s: a request was still in flight %.0fs after stop", self.name, limit,
                         extra={"destination": self.name, "reason": "stop_timeout"})
         return idle
-
-    # -- what the status page and the report show (relay.delivery.health) -------------------------
-    def state(self) -> str:
-        """One of "sending", "retrying", "auth_blocked" (holding after a 401/403), "rejecting"
-        (a final 4xx dropped samples in the last 5 minutes); a dry run has no Sender."""
-        return self.health.state()
-
-    def drops_last_hour(self) -> dict[str, int]:
-        """Samples this sender gave up on by reason in the last hour (http_<code>, too_old, partial,
-        malformed); the queue's queue_full drops are the pipeline's counter (relay.control's
-        DeliveryWatch adds them up across reloads)."""
-        return self.health.drops_last_hour()
-
-    def _clock_stepped(self, step: float) -> None:
-        if step > 0:
-            text = (f"the wall clock stepped forward by {step:.0f}s (against the monotonic clock); samples "
-                    "queued before the step are aged by the time they really waited, so max_sample_age "
-                    "does not drop them as too_old")
-        else:
-            text = (f"the wall clock stepped back by {-step:.0f}s (against the monotonic clock); queued "
-                    "samples look younger than they are and are kept longer, up to max_sample_age")
-        _CLOCK_LOG.warning(("clock_step", round(step / 60)), "%s", text, extra={"reason": "clock_step"})
 
     @property
     def in_flight(self) -> int:

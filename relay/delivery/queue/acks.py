@@ -140,6 +140,7 @@ class QueueAcks(QueueStore):
             db.execute("BEGIN IMMEDIATE")
             d_bytes = self._delete_ids(db, ids, removed)
             db.execute("COMMIT")
+            self._log.commit([], ids, sum(r[1] for r in removed.values()))
         except sqlite3.Error as e:
             self._rollback(db)
             log.debug("queue %s: ack of %d entries not written yet (%s); will retry", self.name, len(ids), e)

@@ -173,6 +173,9 @@ class QueueCommit(QueueReads):
                     p.dropped = rs
                     d_bytes -= rb
                 db.execute("COMMIT")
+                # before any put of it returns: the loss log has every row a sender was told is stored
+                self._log.commit([(rid, row[5]) for rid, row in stored_rows], acked + cut,
+                                 sum(r[1] for r in removed.values()))
                 if cut:
                     with self._cond:  # still under the read lock: no peek saw the trimmed rows in memory
                         mem_cut = self._recent.remove(cut)

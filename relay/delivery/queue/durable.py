@@ -55,6 +55,12 @@ Faults
     forever, and what the reserve freed is not eaten by new data). Ids come from
     AUTOINCREMENT, so an id is never reused: a late ack can never delete a newer row. A damaged
     file is set aside at open (relay.queue_files) and reported once.
+
+What was lost is known exactly (relay.delivery.queue.losslog)
+    Every commit appends what it stored and deleted to ``<name>.mark`` before any put of it
+    returns. At open, a file that lost its WAL, was emptied, replaced or damaged is compared with
+    it: ``report.lost_entries``/``lost_samples``/``lost_cause`` are exactly the acknowledged rows
+    that are gone (one ERROR line; the sender counts gpu_relay_queue_lost_samples_total).
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ from pathlib import Path
 from typing import Literal
 
 from relay.delivery.queue import files as qf
+from relay.delivery.queue import losslog
 from relay.delivery.queue import opening as qo
 from relay.delivery.queue.commit import QueueCommit
 from relay.delivery.queue.files import OpenReport
@@ -128,7 +135,6 @@ class DurableQueue(QueueCommit):
         super().__init__()
         self._pending = []
         self._committing = False
-        self._mark_at = 0.0
         self._damage_taken = False
         self._memory_bytes = max(0, memory_bytes)
         self.report = self._open(on_damaged)
@@ -147,11 +153,11 @@ class DurableQueue(QueueCommit):
         report = OpenReport()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            mark = qf.read_mark(self.path)
+            replay = losslog.read(self.path)
             self._wdb, self._rdb = qo.open_or_recover(self.path, self._connect, self._clock(),
-                                                      self.max_disk_bytes, report, mark)
+                                                      self.max_disk_bytes, report, replay.max_id if replay else 0)
             got = qo.load(self._rdb, self._clock(), report)
-            self._last_id = qo.check_mark(self._wdb, mark, got.last_id, report)
+            self._last_id = qo.check_log(self._wdb, replay, got.last_id, report)
         except (OSError, sqlite3.Error) as e:
             raise QueueOpenError(
                 f"destination {self.name!r}: cannot open its queue file {self.path} ({e}); make sure "
@@ -161,8 +167,8 @@ class DurableQueue(QueueCommit):
         self._put_seq = dict.fromkeys(got.entries, 1)
         self._recent = RecentRows(self._memory_bytes, uncached=got.entries)  # rows on file: read from it
         self._pages = PageBounds()
-        if self._last_id != got.last_id:
-            self._write_mark()
+        self._log = losslog.LossLog(self.path)
+        self._restart_log()  # what the file holds now is the base
         self._reserve = qf.make_reserve(self.path, self.plan.reserve_bytes)
         self._need_reserve = False
         qo.log_report(self.name, report)
@@ -195,7 +201,7 @@ class DurableQueue(QueueCommit):
                 self._closed = True
                 self._recent.clear()
                 self._wake_all()
-            self._write_mark()
+            self._log.close()
         with self._wlock, self._rlock:
             self._rdb.close()
             self._wdb.close()

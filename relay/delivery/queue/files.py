@@ -1,4 +1,5 @@
-"""The queue's files on disk: the disk plan under max_disk, damaged files, and the high-water mark.
+"""The queue's files on disk: the disk plan under max_disk, damaged files (the loss log beside
+them is relay.delivery.queue.losslog).
 
 Disk plan
     ``max_disk`` bounds what the volume sees: the database file, its WAL and its shared-memory
@@ -15,17 +16,16 @@ Damaged files
     read from it are salvaged (one forward and one backward scan: cheap, and gets everything but
     the damaged pages), and a fresh file takes its place. The relay starts either way.
 
-High-water mark
-    ``<name>.mark`` (JSON, replaced atomically, written at most once a second and at close) holds
-    the last entry id committed. Ids only grow, so a file whose last id is below the mark lost
-    committed entries (its WAL was deleted, or it was replaced or emptied): that is reported, never
-    passed in silence. A loss inside the last second before a crash can go unseen.
+Loss log
+    ``<name>.mark`` (relay.delivery.queue.losslog) is appended with what every commit stored and
+    deleted. Ids only grow, so a file whose last id is below the log's lost committed entries (its
+    WAL was deleted, or it was replaced or emptied): exactly which is reported, never passed in
+    silence.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sqlite3
 import time
@@ -134,8 +134,10 @@ class OpenReport:
     moved_to: Path | None = None
     salvaged_entries: int = 0
     salvaged_samples: int = 0
-    lost_entries: int | None = None  # known lower bound of entries lost (None: unknown)
-    problems: list[str] = field(default_factory=list)  # e.g. the mark says entries went missing
+    lost_entries: int | None = None  # entries the last run had acknowledged that are gone (None: unknown)
+    lost_samples: int | None = None  # their samples (gpu_relay_queue_lost_samples_total)
+    lost_cause: str = ""  # "wal_lost", "file_emptied", "file_replaced" or "damaged"
+    problems: list[str] = field(default_factory=list)  # e.g. the loss log says entries went missing
 
 
 def move_aside(path: Path, now: float) -> Path:
@@ -265,32 +267,3 @@ def _probe(db: sqlite3.Connection, query: str, rows: dict[int, Row], budget: lis
             continue
         if row is not None and not _keep(row, rows, budget):
             return
-
-
-def mark_path(path: Path) -> Path:
-    return path.with_name(path.name + ".mark")
-
-
-@dataclass(frozen=True, slots=True)
-class Mark:
-    last_id: int
-    entries: int  # queued when the mark was written (at most a second before the last commit)
-    samples: int
-
-
-def read_mark(path: Path) -> Mark | None:
-    """What the previous run recorded; None if there is no (readable) mark."""
-    try:
-        data = json.loads(mark_path(path).read_text())
-        return Mark(int(data["last_id"]), int(data.get("entries", 0)), int(data.get("samples", 0)))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
-def write_mark(path: Path, last_id: int, entries: int, samples: int) -> None:
-    """Atomic replace; a failure (disk full) is ignored: the mark is a hint, not data."""
-    target = mark_path(path)
-    tmp = target.with_name(target.name + ".tmp")
-    with contextlib.suppress(OSError):
-        tmp.write_text(json.dumps({"last_id": last_id, "entries": entries, "samples": samples}))
-        os.replace(tmp, target)

@@ -1,7 +1,8 @@
 """Opening a queue file and keeping its connections healthy.
 
 Opening: connect, create or upgrade the schema, check it, recover a damaged file, load the
-in-memory counts, compare with the high-water mark, and say in ONE log line what was found.
+in-memory counts, compare with the loss log (relay.delivery.queue.losslog), and say in ONE log
+line what was found and exactly what was lost.
 Upkeep: rollback that never masks the real error, vacuum and WAL truncation after commits.
 
 A start never fails because of what is in the file: a damaged file is set aside and what can be
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from relay.delivery.queue import files as qf
+from relay.delivery.queue import losslog
 from relay.delivery.queue.files import DiskPlan, OpenReport
 from relay.proto import remote_v1_pb2
 
@@ -85,7 +87,7 @@ def _connections(open_db: Connect, check: bool) -> tuple[sqlite3.Connection, sql
 
 
 def open_or_recover(path: Path, open_db: Connect, now: float, max_disk: int, report: OpenReport,
-                    mark: qf.Mark | None = None) -> tuple[sqlite3.Connection, sqlite3.Connection]:
+                    last_id: int = 0) -> tuple[sqlite3.Connection, sqlite3.Connection]:
     """(write, read) connections. A damaged file is moved aside, salvaged into a fresh one."""
     existed = path.exists() and path.stat().st_size > 0
     try:
@@ -95,7 +97,7 @@ def open_or_recover(path: Path, open_db: Connect, now: float, max_disk: int, rep
             raise
         why = " ".join(f"{type(e).__name__}: {e}".split())  # quick_check answers span lines
     moved = qf.move_aside(path, now)
-    salvaged = qf.salvage(moved, max_disk, last_id=mark.last_id if mark else 0, header=_fresh_header())
+    salvaged = qf.salvage(moved, max_disk, last_id=last_id, header=_fresh_header())
     rows = [r for r in salvaged if intact(r[5])]
     report.damaged, report.moved_to = why, moved
     report.salvaged_entries, report.salvaged_samples = len(rows), sum(r[2] for r in rows)
@@ -159,28 +161,39 @@ def load(rdb: sqlite3.Connection, now: float, report: OpenReport) -> Loaded:
     return out
 
 
-def check_mark(wdb: sqlite3.Connection, mark: qf.Mark | None, last_id: int, report: OpenReport) -> int:
-    """Compare what the file holds with the previous run's mark; returns the id to continue from
-    (ids stay above every id ever handed out, so a late ack can never hit a new entry)."""
-    if mark is None:
+def check_log(wdb: sqlite3.Connection, replay: losslog.Replay | None, last_id: int, report: OpenReport) -> int:
+    """Compare what the file holds with what the last run's loss log says it had queued; sets
+    ``report.lost_*`` and returns the id to continue from (ids stay above every id ever handed out,
+    so a late ack can never hit a new entry)."""
+    if replay is None:
         return last_id
-    if report.damaged:
-        lost = max(0, mark.entries - report.salvaged_entries)
-        report.lost_entries = lost
-        report.problems.append(f"the last run had {mark.entries} entries ({mark.samples} samples) queued: "
-                               f"about {lost} entries ({max(0, mark.samples - report.salvaged_samples)} "
-                               "samples) lost")
-    elif last_id < mark.last_id:
-        report.lost_entries = max(0, mark.entries - report.entries)
-        report.problems.append(
-            f"entries {last_id + 1}..{mark.last_id} recorded by the last run are missing (its WAL was "
-            f"lost, or the file was replaced or emptied): about {report.lost_entries} entries "
-            f"({max(0, mark.samples - report.samples)} samples) lost")
-    if last_id >= mark.last_id:
+    q_entries, q_samples = replay.queued()
+    lost: tuple[int, int] | None = None
+    if report.damaged:  # what SQLite could still read of the last run's rows was salvaged
+        lost, cause = (max(0, q_entries - report.salvaged_entries), max(0, q_samples - report.salvaged_samples)), \
+            "damaged"
+    elif last_id < replay.max_id:
+        if report.entries == 0 and last_id == 0:  # nothing of it left (or a WAL lost before any checkpoint)
+            lost, cause = (q_entries, q_samples), "file_emptied"
+        elif last_id >= replay.base_last_id:  # an earlier state of the same file: its WAL was lost
+            lost, cause = replay.above(last_id), "wal_lost"
+        else:  # an older copy of the file: what it holds is taken as what is still queued
+            lost, cause = (max(0, q_entries - report.entries), max(0, q_samples - report.samples)), "file_replaced"
+        if lost[0] or lost[1]:
+            why = {"wal_lost": "its WAL was lost", "file_emptied": "the file was emptied or replaced by an empty one",
+                   "file_replaced": "the file was replaced by an older copy"}[cause]
+            report.problems.append(f"{lost[0]} entries ({lost[1]} samples) that the last run had stored, up to "
+                                   f"entry {replay.max_id}, are missing ({why}): lost")
+    if lost is not None and (lost[0] or lost[1] or report.damaged):
+        report.lost_entries, report.lost_samples, report.lost_cause = lost[0], lost[1], cause
+        if report.damaged:
+            report.problems.append(f"the last run had {q_entries} entries ({q_samples} samples) queued: "
+                                   f"{lost[0]} entries ({lost[1]} samples) lost")
+    if last_id >= replay.max_id:
         return last_id
     wdb.execute("INSERT OR REPLACE INTO sqlite_sequence (rowid, name, seq) VALUES "
-                "((SELECT rowid FROM sqlite_sequence WHERE name = 'entries'), 'entries', ?)", (mark.last_id,))
-    return mark.last_id
+                "((SELECT rowid FROM sqlite_sequence WHERE name = 'entries'), 'entries', ?)", (replay.max_id,))
+    return replay.max_id
 
 
 def log_report(name: str, r: OpenReport) -> None:
@@ -190,12 +203,13 @@ def log_report(name: str, r: OpenReport) -> None:
     if r.damaged or r.problems:
         what = []
         if r.damaged:
-            unknown = "; the rest of the file (amount unknown: no mark) is lost" if r.lost_entries is None else ""
+            unknown = "; the rest of the file (amount unknown: no loss log) is lost" if r.lost_entries is None else ""
             what.append(f"file damaged ({r.damaged}), moved to {r.moved_to}; salvaged "
                         f"{r.salvaged_entries} entries ({r.salvaged_samples} samples){unknown}")
         what.extend(r.problems)
         log.error("queue %s: %s; %d entries (%d samples) queued now", name, "; ".join(what), r.entries,
-                  r.samples, extra={**fields, "reason": "queue_damaged", "lost_entries": r.lost_entries})
+                  r.samples, extra={**fields, "reason": "queue_damaged", "lost_entries": r.lost_entries,
+                         "lost_samples": r.lost_samples, "cause": r.lost_cause})
     else:
         log.info("queue %s: recovered %d entries, %d samples, oldest %s", name, r.entries, r.samples,
                  "-" if r.oldest_age_s is None else f"{r.oldest_age_s:.0f}s old", extra=fields)

@@ -4,8 +4,8 @@
 their locks, the disk plan, the rows kept in memory, the page bounds) and does what each of them
 needs after a write: connect, roll back without masking the real error (a connection stuck in a
 transaction is replaced), give free pages back and keep the WAL small after a commit, write the
-high-water mark (relay.delivery.queue.files) at most once a second, and apply a delete to the
-per-shard counts. It never decides what is written; acks (relay.delivery.queue.acks), reads
+loss log (relay.delivery.queue.losslog) again from the file after a complete checkpoint, and
+apply a delete to the per-shard counts. It never decides what is written; acks (relay.delivery.queue.acks), reads
 (relay.delivery.queue.reads) and the put path (relay.delivery.queue.commit) build on it.
 """
 
@@ -15,13 +15,14 @@ import contextlib
 import logging
 import sqlite3
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from relay.delivery.queue import files as qf
+from relay.delivery.queue import losslog
 from relay.delivery.queue import opening as qo
 from relay.delivery.queue.files import DiskPlan, OpenReport
+from relay.delivery.queue.losslog import LossLog
 from relay.delivery.queue.pages import PageBounds
 from relay.delivery.queue.recent import RecentRows
 from relay.delivery.queue.state import QueueState
@@ -29,7 +30,6 @@ from relay.delivery.queue.types import PendingPut, QueueError
 
 log = logging.getLogger("relay.queue")
 
-_MARK_EVERY_S = 1.0
 
 
 class QueueStore(QueueState):
@@ -49,7 +49,7 @@ class QueueStore(QueueState):
     _rdb: sqlite3.Connection
     _pending: list[PendingPut]
     _committing: bool
-    _mark_at: float
+    _log: LossLog  # what every commit stored and deleted (relay.delivery.queue.losslog)
     _damage_taken: bool
     _memory_bytes: int
     _recent: RecentRows
@@ -89,7 +89,7 @@ class QueueStore(QueueState):
                 self._wdb = self._connect()
 
     def _maintain(self, db: sqlite3.Connection, free_pages: int | None = None) -> None:
-        """After a commit: give free pages back, keep the WAL small, refresh the mark. Best effort:
+        """After a commit: give free pages back, keep the WAL small, restart the loss log. Best effort:
         the data is already committed, so a failure here is not the caller's. ``free_pages``: the
         free pages the commit's transaction last read (saves reading them again)."""
         if free_pages is None and self._pages.free_below(self.plan.vacuum_pages):
@@ -98,15 +98,26 @@ class QueueStore(QueueState):
             self._pages.set_free(qo.upkeep(db, self.path, self.plan, self._rlock, free_pages))
         except (sqlite3.Error, OSError) as e:
             log.debug("queue %s: maintenance skipped: %s", self.name, e)
-        now = time.monotonic()
-        if now - self._mark_at >= _MARK_EVERY_S:
-            self._mark_at = now
-            self._write_mark()
+        if self._log.size > losslog.RESTART_BYTES:
+            self._checkpoint_log(db)
 
-    def _write_mark(self) -> None:
+    def _checkpoint_log(self, db: sqlite3.Connection) -> None:
+        """Under the write lock: move every commit into the database file (no reader of ours pins
+        the WAL meanwhile) and, once that is complete, start the loss log again from it."""
+        try:
+            with self._rlock:
+                busy, frames, done = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        except sqlite3.Error as e:
+            log.debug("queue %s: checkpoint skipped: %s", self.name, e)
+            return
+        if busy == 0 and frames == done:
+            self._restart_log()
+
+    def _restart_log(self) -> None:
+        """The loss log starts again from what the database file holds (all of it committed)."""
         with self._cond:
             last, entries, samples = self._last_id, sum(self._entries.values()), self._samples
-        qf.write_mark(self.path, last, entries, samples)
+        self._log.restart(last, entries, samples)
 
     def files_size(self) -> int:
         """Bytes of the db, WAL and shm files: what max_disk bounds from 4 MiB on."""

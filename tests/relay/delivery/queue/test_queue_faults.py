@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from relay.delivery.queue import durable as rq
-from relay.delivery.queue import store as queue_store
 from relay.delivery.queue.durable import DurableQueue, QueueOpenError, StorageError
 from relay.delivery.queue.files import OpenReport
 from relay.ingest.wire import decode_write_request, encode_write_request
@@ -173,8 +172,7 @@ def test_the_files_on_disk_never_exceed_max_disk_under_sustained_overflow(tmp_pa
 
 # -- defect 18/23: damaged or incomplete files at open -------------------------------------------
 def _crash_image(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entries: int = 300) -> Path:
-    """A queue's files as a kill -9 would leave them (db + WAL + mark, copied while it is open)."""
-    monkeypatch.setattr(queue_store, "_MARK_EVERY_S", 0.0)
+    """A queue's files as a kill -9 would leave them (db + WAL + loss log, copied while it is open)."""
     live = tmp_path / "live" / "amp.queue.db"
     q = DurableQueue(live, 1 << 30, durability="normal")
     for i in range(entries):
