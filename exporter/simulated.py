@@ -14,7 +14,10 @@ State advances in fixed one-second steps, so the values at a time ``t`` are a pu
 MIG: ``mig={0: ["3g.71gb", "2g.35gb", "1g.18gb"]}`` turns GPU 0 into MIG mode. Its instances are
 read as ``Entity(gpu, gi_id)`` with FB and GPM (PROF_*) values; the parent ``Entity(gpu)`` keeps the
 GPU-wide values (clocks, temperatures, power, energy, PCIe, row remapping) and, as NVML does in MIG
-mode, has no GPU_UTIL / MEM_COPY_UTIL / ENC / DEC / PROF values.
+mode, has no GPU_UTIL / MEM_COPY_UTIL / ENC / DEC / PROF values; neither has NVLink values.
+
+NVLink: the board is an HGX H200 SXM (``nvlink=False``: a PCIe board, no NVLink series and no P2P),
+moving ~40 GB/s each way while training, none while idle or stuck.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from exporter.simulated_fields import (
     GPM_FIELDS,
     MIG_INSTANCE_FIELDS,
     MIG_PARENT_ABSENT,
+    NVLINK,
+    NVLINK_TRAIN_MIB,
     SUPPORTED,
 )
 
@@ -96,6 +101,7 @@ class SimulatedBackend:
         mig: Mapping[int, Sequence[str]] | None = None,
         hostname_seed: str = "sim",
         workloads: Mapping[int, str] | None = None,
+        nvlink: bool = True,
     ) -> None:
         if n_gpus < 0:
             raise ValueError(f"n_gpus must be >= 0, got {n_gpus}")
@@ -110,6 +116,7 @@ class SimulatedBackend:
         self._idle_w = float(self._rec["idle"]["power_mw"]) / 1000.0
         self._load_w = float(self._rec["load"]["power_mw"]) / 1000.0
         self._workloads = dict(workloads or {})
+        self._supported = SUPPORTED if nvlink else SUPPORTED - NVLINK
         self._lost: set[int] = set()
         self._xids: list[tuple[int, int]] = []
         self._cond = threading.Condition()
@@ -169,7 +176,7 @@ class SimulatedBackend:
 
     def supported_fields(self, gpu: int, fields: Iterable[str]) -> set[str]:
         self._check_index(gpu)
-        return {f for f in fields if f in SUPPORTED}
+        return {f for f in fields if f in self._supported}
 
     # --- the workload model ------------------------------------------------------------------------
 
@@ -225,14 +232,26 @@ class SimulatedBackend:
         return wl.power_w(name, ts) if name else self._power(act, self._fb_used(gpu, ts) > 0)
 
     def compute_processes(self, gpu: int) -> dict[Entity, ProcessCount]:
-        """Scripted GPUs: the workload's processes; others: one while the job holds memory."""
+        """Scripted GPUs: the workload's processes; others: one while the job holds memory. A MIG
+        GPU answers per GPU instance (as NVML through MIG device handles): one process while the
+        instance holds memory."""
         t, name = self._clock() - self._t0, self._workloads.get(gpu)
+        device = self._devices[gpu]
+        if device.mig:
+            act = self._activity(gpu, t)
+            out: dict[Entity, ProcessCount] = {}
+            for n_, inst in enumerate(device.mig):
+                used = int(self._mig_values(gpu, n_, inst, act)["DCGM_FI_DEV_FB_USED"])
+                out[Entity(gpu, inst.gpu_instance_id)] = ProcessCount(int(used > 0), used)
+            return out
         n = wl.processes(name, t) if name else int(self._fb_used(gpu, t) > 0)
-        return {} if self._devices[gpu].mig else {Entity(gpu): ProcessCount(n, self._fb_job if n else 0)}
+        return {Entity(gpu): ProcessCount(n, self._fb_job if n else 0)}
 
     def p2p_status(self, gpu: int) -> dict[int, int]:
-        """An HGX board: NVLink P2P OK to every other GPU (nvmlGpuP2PStatus_t 0)."""
-        return {peer: 0 for peer in range(len(self._devices)) if peer != gpu}
+        """An HGX board: NVLink P2P OK to every other GPU (nvmlGpuP2PStatus_t 0); NOT_SUPPORTED (5)
+        on a board without NVLink."""
+        ok = 0 if self._supported >= NVLINK else 5
+        return {peer: ok for peer in range(len(self._devices)) if peer != gpu}
 
     def _values(self, gpu: int, t: float) -> dict[str, Value]:
         st = self._advance(gpu, t)
@@ -291,6 +310,7 @@ class SimulatedBackend:
             "DCGM_FI_DEV_RELIABILITY_VIOLATION": 0,
         }
         values.update(gpm)
+        values.update(wl.nvlink_values(NVLINK_TRAIN_MIB * act, NVLINK_TRAIN_MIB * act))
         if gpu in self._workloads:
             values.update(wl.values(self._workloads[gpu], gpu, t, self._fb_total))
             values["DCGM_FI_DEV_FB_FREE"] = wl.fb_free(values, self._fb_total, self._fb_reserved)
@@ -321,7 +341,7 @@ class SimulatedBackend:
         t = self._clock() - self._t0
         values = self._values(gpu, t)
         device = self._devices[gpu]
-        wanted = fields & SUPPORTED
+        wanted = fields & self._supported
         if not device.mig:
             return {Entity(gpu): {f: values[f] for f in wanted if f in values}}
         out: dict[Entity, Mapping[str, Value]] = {

@@ -1,6 +1,11 @@
 """The simulated backend's field tables: which DCGM fields the recorded H200 supports
-(``exporter/data/h200.json``; retired pages, fan and NVLink are not), and how the recording's GPM
-metrics map to DCGM's PROF fields, per GPU and per MIG GPU instance."""
+(``exporter/data/h200.json``; retired pages and fan are not), and how the recording's GPM
+metrics map to DCGM's PROF fields, per GPU and per MIG GPU instance.
+
+The recording is one H200 without NVLink peers; the simulator plays an HGX H200 SXM board, whose
+GPUs have 18 NVLink links each, so it adds the NVLink fields (:data:`NVLINK`; a board built with
+``nvlink=False`` has none). A GPU in MIG mode has no NVLink traffic to report (NVLink P2P is
+unavailable in MIG mode), so they are absent on a MIG GPU and its instances."""
 
 from __future__ import annotations
 
@@ -19,15 +24,19 @@ GPM_BYTES = {
     "DCGM_FI_PROF_PCIE_TX_BYTES": "PCIE_TX_PER_SEC",  # MiB/s -> bytes/s
     "DCGM_FI_PROF_PCIE_RX_BYTES": "PCIE_RX_PER_SEC",
 }
+NVLINK = frozenset(
+    {"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_PROF_NVLINK_TX_BYTES", "DCGM_FI_PROF_NVLINK_RX_BYTES"}
+)
+NVLINK_TRAIN_MIB = 38000.0  # MiB/s each way under the default training model's full load
 MIG_PARENT_ABSENT = frozenset(
     {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL"}
-    | set(GPM_FIELDS) | set(GPM_BYTES)
+    | set(GPM_FIELDS) | set(GPM_BYTES) | NVLINK
 )
 MIG_INSTANCE_FIELDS = frozenset(
     {"DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED", "DCGM_FI_DEV_FB_TOTAL"}
     | set(GPM_FIELDS)
 )
-# What the recorded H200 supports, as DCGM fields (retired pages, fan and NVLink are not).
+# What the recorded H200 supports, as DCGM fields (retired pages and fan are not), plus NVLink.
 SUPPORTED: frozenset[str] = frozenset(
     {
         "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_VIDEO_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP",
@@ -46,6 +55,6 @@ SUPPORTED: frozenset[str] = frozenset(
         "DCGM_FI_DEV_LOW_UTIL_VIOLATION", "DCGM_FI_DEV_RELIABILITY_VIOLATION",
         "DCGM_FI_DRIVER_VERSION", "DCGM_FI_NVML_VERSION", "DCGM_FI_DEV_SERIAL", "DCGM_FI_DEV_VBIOS_VERSION",
         "DCGM_FI_DEV_INFOROM_IMAGE_VER", "DCGM_FI_DEV_NAME", "DCGM_FI_DEV_UUID", "DCGM_FI_DEV_PCI_BUSID",
-        *GPM_FIELDS, *GPM_BYTES,
+        *GPM_FIELDS, *GPM_BYTES, *NVLINK,
     }
 )

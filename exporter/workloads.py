@@ -2,18 +2,20 @@
 
 Each workload is a repeating schedule of phases; each phase is what an H200 (700 W enforced limit,
 141 GB) shows in that state, as dcgm-exporter would report it: GPU_UTIL (%), the PROF ratios, power
-(W), PCIe bytes/s (GPM, as ``DCGM_FI_PROF_PCIE_*_BYTES``), framebuffer used (MiB), SM clock and the
-number of compute processes. Values move with a small deterministic jitter (``±2 %`` of the
-phase's value), so a time ``t`` gives the same values whatever the read schedule.
+(W), PCIe bytes/s (GPM, as ``DCGM_FI_PROF_PCIE_*_BYTES``), NVLink bytes/s
+(``DCGM_FI_PROF_NVLINK_*_BYTES`` and ``DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL``: tens of GB/s while NCCL
+trains, ~0 in a hang, a checkpoint or once stalled), framebuffer used (MiB), SM clock and the number
+of compute processes. Values move with a small deterministic jitter (``±2 %`` of the phase's
+value), so a time ``t`` gives the same values whatever the read schedule.
 
 | workload | schedule (t = seconds since the exporter started) |
 |---|---|
-| ``training`` | train (util ~99 %, tensor ~0.52, DRAM ~0.38, ~640 W) |
+| ``training`` | train (util ~99 %, tensor ~0.52, DRAM ~0.38, ~640 W, NVLink ~40 GB/s each way) |
 | ``idle`` | allocated, nothing runs: util 0, no process, no memory, ~78 W |
 | ``checkpoint`` | train 20 min, then a 9-minute checkpoint (util ~3 %, PCIe TX ~9 GiB/s, ~135 W), repeating |
 | ``eval`` | train 35 min, then a 25-minute eval (util ~70 %, tensor ~0.22, ~380 W), repeating |
 | ``data_starved`` | input-bound: util ~30 %, tensor ~0.12, PCIe RX ~2.5 GiB/s, ~260 W |
-| ``nccl_hang`` | train 2 min, then a collective hang: util 100 %, tensor 0, DRAM ~0.01, ~175 W (0.25 x limit) |
+| ``nccl_hang`` | train 2 min, then a collective hang: util 100 %, tensor 0, DRAM ~0.01, ~175 W, NVLink ~0 |
 | ``finished_holding`` | train 2 min, then finished: the process exits, the pod keeps the GPU (util 0, no process) |
 | ``stalled`` | train 2 min, then stuck off the GPU (a dead data loader): process and memory stay, util 0, ~90 W |
 """
@@ -44,14 +46,15 @@ class Phase:
     fb_mib: int
     sm_clock: int
     processes: int
+    nvlink_mib: float = 0.0  # NVLink MiB/s each way (NCCL's collectives; an H200 SXM has 450 GB/s)
 
 
-TRAIN = Phase(99, 0.97, 0.86, 0.35, 0.52, 0.38, 640, 400, 1200, 71000, 1755, 1)
+TRAIN = Phase(99, 0.97, 0.86, 0.35, 0.52, 0.38, 640, 400, 1200, 71000, 1755, 1, 38000)
 IDLE = Phase(0, 0.0, 0.0, 0.0, 0.0, 0.0004, 78, 0.5, 0.2, 0, 345, 0)
-CHECKPOINT = Phase(3, 0.03, 0.02, 0.01, 0.0, 0.02, 135, 9000, 50, 71000, 1980, 1)
-EVAL = Phase(70, 0.68, 0.55, 0.25, 0.22, 0.30, 380, 150, 800, 71000, 1980, 1)
-STARVED = Phase(30, 0.30, 0.25, 0.10, 0.12, 0.10, 260, 300, 2500, 60000, 1980, 1)
-HANG = Phase(100, 0.99, 0.08, 0.02, 0.0, 0.01, 175, 0.5, 0.5, 71000, 1980, 1)
+CHECKPOINT = Phase(3, 0.03, 0.02, 0.01, 0.0, 0.02, 135, 9000, 50, 71000, 1980, 1, 2)
+EVAL = Phase(70, 0.68, 0.55, 0.25, 0.22, 0.30, 380, 150, 800, 71000, 1980, 1, 1500)
+STARVED = Phase(30, 0.30, 0.25, 0.10, 0.12, 0.10, 260, 300, 2500, 60000, 1980, 1, 11000)
+HANG = Phase(100, 0.99, 0.08, 0.02, 0.0, 0.01, 175, 0.5, 0.5, 71000, 1980, 1, 0.01)
 STALLED = Phase(0, 0.0, 0.0, 0.0, 0.0, 0.0004, 90, 0.5, 0.2, 71000, 1980, 1)
 FINISHED = Phase(0, 0.0, 0.0, 0.0, 0.0, 0.0004, 80, 0.5, 0.2, 0, 345, 0)
 FOREVER = float("inf")
@@ -139,6 +142,17 @@ def values(workload: str, gpu: int, t: float, fb_total_mib: int) -> dict[str, Va
         # DCGM_CLOCKS_EVENT_REASON_*: GPU_IDLE without work, SW_POWER_CAP near the 700 W limit
         "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": 0x1 if p.util == 0 else (0x4 if p.power_w >= 0.9 * LIMIT_W else 0),
         "DCGM_FI_DEV_FB_USED": fb,
+        **nvlink_values(j(p.nvlink_mib, "nvl_tx"), j(p.nvlink_mib, "nvl_rx")),
+    }
+
+
+def nvlink_values(tx_mib: float, rx_mib: float) -> dict[str, Value]:
+    """The NVLink fields for TX / RX MiB/s over all links, as the NVML backend computes them:
+    PROF_NVLINK_*_BYTES in bytes/s, BANDWIDTH_TOTAL DCGM's (TX + RX KiB/s) / 1000."""
+    return {
+        "DCGM_FI_PROF_NVLINK_TX_BYTES": int(tx_mib * MIB),
+        "DCGM_FI_PROF_NVLINK_RX_BYTES": int(rx_mib * MIB),
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": int((tx_mib + rx_mib) * 1024 / 1000),
     }
 
 

@@ -75,6 +75,7 @@ for i, g in sorted(gpus.items()):
 
 LAUNCHERS = {
     "two_gpus": "SimulatedBackend(n_gpus=2)",
+    "pcie_pair": "SimulatedBackend(n_gpus=2, nvlink=False)",
     "all_mig": 'SimulatedBackend(n_gpus=2, mig={0: ["3g.71gb", "3g.71gb"], 1: ["7g.141gb"]})',
     "gpu1_without_util": "DropUtil(SimulatedBackend(n_gpus=2), gpu=1)",
 }
@@ -186,7 +187,8 @@ def test_an_all_mig_node_passes_per_gpu_instance(tmp_path: Path) -> None:
     rc, lines = check(tmp_path, "all_mig")
     assert rc == 0, lines
     for name in ("series gpu 0 GI 1", "series gpu 0 GI 2", "series gpu 1 GI 0", "xid gpu 0 GI 2",
-                 "nvidia-smi gpu 0", "nvidia-smi gpu 1"):
+                 "nvidia-smi gpu 0", "nvidia-smi gpu 1",
+                 "compute-processes gpu 0 GI 1", "compute-processes gpu 0 GI 2", "compute-processes gpu 1 GI 0"):
         assert lines[name].startswith("PASS"), (name, lines[name])
     assert "series gpu 0" not in lines  # no whole-GPU entity on a MIG GPU
 
@@ -200,7 +202,18 @@ def test_a_value_off_from_nvidia_smi_fails_naming_both_values(tmp_path: Path) ->
 
 
 def test_active_nvlink_without_nvlink_series_fails(tmp_path: Path) -> None:
-    rc, lines = check(tmp_path, "two_gpus", FAKE_SMI_NVLINK="0:18")
+    rc, lines = check(tmp_path, "pcie_pair", FAKE_SMI_NVLINK="0:18")
     assert rc == 1
     assert lines["nvlink gpu 0"].startswith("FAIL 18 active links but no NVLink series")
     assert lines["nvlink gpu 1"].startswith("SKIP")
+
+
+def test_active_nvlink_with_the_simulated_sxm_boards_series_passes(tmp_path: Path) -> None:
+    rc, lines = check(tmp_path, "two_gpus", FAKE_SMI_NVLINK="0:18,1:18")
+    assert rc == 0, lines
+    for gpu in (0, 1):
+        line = lines[f"nvlink gpu {gpu}"]
+        assert line.startswith("PASS 18 active links"), line
+        for name in ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_PROF_NVLINK_TX_BYTES",
+                     "DCGM_FI_PROF_NVLINK_RX_BYTES"):
+            assert name in line, (name, line)

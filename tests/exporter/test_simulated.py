@@ -136,20 +136,22 @@ def test_some_gpus_are_stuck_idle_for_contrast(clock: Clock) -> None:
     assert values(b, stuck)["DCGM_FI_DEV_FB_USED"] > 19_000  # holds memory, does nothing
 
 
-def test_read_returns_only_requested_supported_fields_and_never_xid(clock: Clock) -> None:
-    b = SimulatedBackend(2, clock=clock)
+@pytest.mark.parametrize("nvlink", [False, True], ids=["pcie-board", "sxm-board"])
+def test_read_returns_only_requested_supported_fields_and_never_xid(clock: Clock, nvlink: bool) -> None:
+    b = SimulatedBackend(2, clock=clock, nvlink=nvlink)
     got = values(b, 0, DEFAULTS)
     assert "DCGM_FI_DEV_XID_ERRORS" not in got
-    assert "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL" not in got
+    assert ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL" in got) is nvlink  # an SXM board has NVLink, PCIe none
     assert "DCGM_FI_DRIVER_VERSION" not in got
     assert set(got) == DEFAULTS - {
         "DCGM_FI_DEV_XID_ERRORS",
-        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
         "DCGM_FI_DRIVER_VERSION",
+        *(() if nvlink else ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",)),
     }
     assert values(b, 0, frozenset({"DCGM_FI_DEV_GPU_TEMP"})).keys() == {"DCGM_FI_DEV_GPU_TEMP"}
     supported = b.supported_fields(0, DEFAULTS)
-    assert "DCGM_FI_DEV_XID_ERRORS" in supported and "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL" not in supported
+    assert "DCGM_FI_DEV_XID_ERRORS" in supported
+    assert ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL" in supported) is nvlink
     assert b.labels(1)["DCGM_FI_DEV_UUID"] == b.devices()[1].uuid
 
 
