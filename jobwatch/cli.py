@@ -20,13 +20,14 @@ from typing import Any
 from jobwatch import __version__
 from jobwatch.config import Settings, SettingsError, load_settings
 from jobwatch.health import Health
-from telemetry_common.httpfront import FrontServer, Handler, Reply, parse_listen, tls_context
 from jobwatch.metrics import CONTENT_TYPE, Renderer
 from jobwatch.prices import ConfigError
-from jobwatch.push import PushEndpoint, TokenReviewer
+from jobwatch.progress import MAX_PUSH_BYTES
+from jobwatch.push import PushEndpoint, TokenReviewer, read_chunked
 from jobwatch.state import State
 from jobwatch.watch import DEFAULT_BACKOFF, NODES, PODS, TRAINJOBS, Backoff, Discovery, ResourceWatch
 from telemetry_common import logs
+from telemetry_common.httpfront import FrontServer, Handler, Reply, parse_listen, tls_context
 from telemetry_common.kubeapi import KubeClient
 from telemetry_common.kubeconfig import KubeConfigError, resolve
 
@@ -133,7 +134,19 @@ def _push_handler(endpoint: PushEndpoint) -> type[Handler]:
     class PushHandler(Handler):
         def answer(self, method: str) -> Reply:
             headers = {k.title(): v for k, v in self.headers.items()}  # one spelling per name
-            return endpoint.handle(method, self.path, headers, self.read_body)
+            done = [False]
+
+            def read(length: int | None) -> bytes:
+                body = read_chunked(self.rfile, MAX_PUSH_BYTES) if length is None else self.read_body(length)
+                done[0] = True
+                return body
+
+            reply = endpoint.handle(method, self.path, headers, read)
+            has_body = "chunked" in headers.get("Transfer-Encoding", "").lower() or \
+                headers.get("Content-Length", "0").strip() not in ("", "0")
+            if has_body and not done[0]:  # answered without reading it all: the rest is not a next request
+                self.close_connection = True
+            return reply
 
     return PushHandler
 

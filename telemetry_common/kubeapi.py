@@ -49,7 +49,7 @@ class Gone(KubeError):
 
 @dataclass(frozen=True, slots=True)
 class ListResult:
-    items: list[Obj]
+    items: list[Any]  # what ``keep`` made of each item (the item itself without one)
     resource_version: str
 
 
@@ -204,12 +204,12 @@ class KubeClient:
         return self._request("POST", path, body=json.dumps(body).encode())
 
     def list(self, path: str, params: Mapping[str, str | int | bool] | None = None, *, page_size: int = 500,
-             keep: Callable[[Obj], Obj | None] | None = None) -> ListResult:
+             keep: Callable[[Obj], Any] | None = None) -> ListResult:
         """Every item of a collection, ``page_size`` a request (limit/continue). ``keep`` maps each
         item as it arrives to what is kept (None drops it), so a large list is never all in memory.
         An expired continue token restarts the list once from the start."""
         for attempt in (0, 1):
-            items: list[Obj] = []
+            items: list[Any] = []
             cont = ""
             try:
                 while True:

@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ RHOAI = "trainer.opendatahub.io/trainerStatus"
 
 
 @pytest.fixture()
-def fake() -> FakeAPIServer:
+def fake() -> Iterator[FakeAPIServer]:
     with FakeAPIServer(bookmark_interval=0.2, max_watch_s=3) as f:
         yield f
 
@@ -158,7 +159,7 @@ def test_malformed_progress_is_counted_logged_once_and_never_invents_progress(
         assert len(kept.status_raw or "") <= 64 and len(kept.annotation_raw or "") <= 64  # a digest, not 10 MB
         assert r.app.pods.running and r.value("gpu_jobwatch_watch_up", resource="trainjobs") == 1
         good = {"status": trainer_status(300)} if kind == "status" else {"annotations": {RHOAI: rhoai(300)}}
-        fake.apply("trainjobs", trainjob("bad", **good))  # type: ignore[arg-type]
+        fake.apply("trainjobs", trainjob("bad", **good))
         r.wait_value("gpu_job_progress_step", 300, job_name="bad")
         fake.apply("trainjobs", bad_job(3))  # a bad report after a good one keeps the last good state
         r.wait_value("gpu_jobwatch_progress_errors_total", 4, source=source, reason=code)

@@ -4,6 +4,7 @@ discovery, and that it writes nothing but reviews."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ PODS = "/api/v1/pods"
 
 
 @pytest.fixture()
-def fake() -> FakeAPIServer:
+def fake() -> Iterator[FakeAPIServer]:
     with FakeAPIServer(bookmark_interval=0.2, max_watch_s=5) as f:
         yield f
 

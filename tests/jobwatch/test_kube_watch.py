@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +17,12 @@ from jobwatch.health import Health
 from jobwatch.watch import PODS, TRAINJOBS, Backoff, ResourceWatch
 from telemetry_common.kubeapi import Gone, KubeClient
 from telemetry_common.kubeconfig import resolve
-
 from tests.jobwatch.fake_apiserver import FakeAPIServer, gpu_pod, node, trainer_status, trainjob, trainjob_pod
 from tests.jobwatch.rig import FAST, Running, jobwatch
 
 
 @pytest.fixture()
-def fake() -> FakeAPIServer:
+def fake() -> Iterator[FakeAPIServer]:
     with FakeAPIServer(bookmark_interval=0.2, max_watch_s=3) as f:
         yield f
 

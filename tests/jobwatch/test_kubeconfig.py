@@ -6,6 +6,7 @@ import base64
 import os
 import ssl
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from tests.jobwatch.fake_apiserver import FakeAPIServer, gpu_pod
 from tests.tls_certs import make_certs
 
 
-def _write(path: Path, cluster: dict[str, object], user: dict[str, object], ctx: str = "c") -> Path:
+def _write(path: Path, cluster: Mapping[str, object], user: Mapping[str, object], ctx: str = "c") -> Path:
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": ctx,
         "clusters": [{"name": "k", "cluster": cluster}], "users": [{"name": "u", "user": user}],
