@@ -29,10 +29,12 @@ DEFAULT_SERIES = [
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
     "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
     "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",  # the simulated board is an HGX H200 SXM (NVLink)
 ]
 DCGM_COUNTERS = {
     "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
 }
 LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"]
 # What dcgm-exporter's own schema makes promtool say (and nothing else is allowed):
@@ -113,7 +115,9 @@ def test_all_default_series_present_with_exact_labels(exporter: tuple[subprocess
         assert 'Hostname="node-e2e"' in line
         seen[m.group(1)] = seen.get(m.group(1), 0) + 1
     assert seen == {name: 8 for name in DEFAULT_SERIES}
-    assert "NVLINK_BANDWIDTH" not in body  # unsupported on the recorded H200: absent, not zero
+    # DCGM's MB/s rate under dcgm-exporter 4.8.2's counter type; a board without NVLink has none
+    # (tests/exporter/test_simulated_nvlink.py, tests/exporter/nvml/test_nvml_nvlink.py)
+    assert "# TYPE DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL counter" in body
 
 
 def test_self_metrics_present(exporter: tuple[subprocess.Popen[str], int]) -> None:
