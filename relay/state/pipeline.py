@@ -51,9 +51,8 @@ from relay.state.stage import route_hits as _route_hits
 
 log = logging.getLogger("relay.pipeline")
 
-# decision cache budget, as server.decision_cache's default: what it really costs in RSS (both halves
-# counted at the memory they hold: relay.state.decision_cache), 0.5-1M dcgm-like series in native
-# tables, 45-90k in the dict fallback; it fits the sidecar's 512Mi limit beside the trackers
+# decision cache budget, as server.decision_cache's default: its real RSS (relay.state.decision_cache),
+# 0.5-1M dcgm-like series in native tables, 45-90k in the dict fallback; fits a 512Mi sidecar
 DEFAULT_CACHE_MAX_BYTES = 64 * 1024 * 1024
 AGGREGATE_GRACE_MS = 10_000  # windows close this long after their end (late scrapes, batching)
 MAX_COUNTER_FAMILIES = 100_000  # counter families learnt from metadata (beyond: only the _total suffix)
