@@ -14,6 +14,7 @@ queries work the same under either format). Gauges stay gauges. The body ends wi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -21,6 +22,8 @@ from typing import Protocol
 from exporter.backend import DeviceInfo, MigInstance, Value
 
 HOSTNAME_LABEL = "Hostname"  # dcgm-exporter 4.8.2's name of the node label
+OWN_PREFIX = "gpu_exporter_"  # a per-GPU series of ours (gpu_exporter_compute_processes) joins on gpu/UUID/
+_MODEL_NAME = re.compile(r',modelName="(?:[^"\\]|\\.)*"')  # ... and pod, without dcgm's camelCase modelName
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
@@ -148,8 +151,10 @@ def render_series(
             continue
         name = spec.field
         integer = None if integer_fields is None else name in integer_fields
+        own = name.startswith(OWN_PREFIX)  # our own series: snake_case labels only (promtool check metrics)
         lines = [
-            f"{name}{row.labels} {format_value(row.values[name], integer)}\n"
+            f"{name}{_MODEL_NAME.sub('', row.labels) if own else row.labels} "
+            f"{format_value(row.values[name], integer)}\n"
             for row in rows
             if name in row.values
         ]

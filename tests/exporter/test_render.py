@@ -107,6 +107,21 @@ def test_render_series_exact_text_format() -> None:
     )
 
 
+def test_our_own_per_gpu_series_keeps_the_join_labels_without_dcgms_camelcase_model_name() -> None:
+    """gpu_exporter_compute_processes joins the DCGM series on gpu/UUID/Hostname/pod, and as one of our
+    own series passes `promtool check metrics` (no camelCase label): the same block less modelName."""
+    pod = Pod("train-0", "ml", "trainer")
+    row = Row(with_pod(entity_labels(H200, None, "node-a", DRIVER), pod),
+              {"DCGM_FI_DEV_SM_CLOCK": 1980, "gpu_exporter_compute_processes": 2})
+    out = render_series([SPECS[0], Spec("gpu_exporter_compute_processes", "gauge", "Compute processes.")],
+                        [row], frozenset({"DCGM_FI_DEV_SM_CLOCK", "gpu_exporter_compute_processes"}))
+    dcgm, own = (ln for ln in out.splitlines() if not ln.startswith("#"))
+    assert 'modelName="NVIDIA H200"' in dcgm and "modelName" not in own
+    assert own == "gpu_exporter_compute_processes" + dcgm.rsplit(" ", 1)[0][len("DCGM_FI_DEV_SM_CLOCK"):].replace(
+        ',modelName="NVIDIA H200"', "") + " 2"
+    assert 'pod="train-0"' in own and 'UUID="GPU-' in own and 'Hostname="node-a"' in own
+
+
 def test_field_without_values_is_absent_not_zero() -> None:
     assert "NVLINK_BANDWIDTH" not in render_series(SPECS, _rows(), INTS)
 
