@@ -15,6 +15,7 @@ from typing import Any
 
 from exporter.backend import DeviceInfo, GpuLostError, Value
 from exporter.nvml.brands import brand_name
+from exporter.nvml.health import INFOROM_VALID, inforom_valid
 
 MIB = 1048576
 UINT_MAX = 0xFFFFFFFF
@@ -121,6 +122,7 @@ STATIC: dict[str, Callable[[Any, Any], Value]] = {
     "DCGM_FI_DEV_PCIE_MAX_LINK_GEN": lambda n, h: int(n.nvmlDeviceGetMaxPcieLinkGeneration(h)),
     "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH": lambda n, h: int(n.nvmlDeviceGetMaxPcieLinkWidth(h)),
     "DCGM_FI_DEV_POWER_MGMT_LIMIT": lambda n, h: n.nvmlDeviceGetPowerManagementLimit(h) / 1000.0,
+    INFOROM_VALID: inforom_valid,  # reads the flash: once, as DCGM reads it hourly
 }
 
 # Label strings (CSV ``label`` rows), read once; name, UUID and bus id come from DeviceInfo.
@@ -156,6 +158,7 @@ FIELD_VALUES: dict[str, FieldValue] = {
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": FieldValue("NVML_FI_DEV_REMAPPED_UNC"),
     "DCGM_FI_DEV_ROW_REMAP_PENDING": FieldValue("NVML_FI_DEV_REMAPPED_PENDING"),
     "DCGM_FI_DEV_ROW_REMAP_FAILURE": FieldValue("NVML_FI_DEV_REMAPPED_FAILURE"),
+    "DCGM_FI_DEV_GPU_RECOVERY_ACTION": FieldValue("NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"),
     "DCGM_FI_DEV_POWER_USAGE_INSTANT": FieldValue("NVML_FI_DEV_POWER_INSTANT", scale=0.001),
     "DCGM_FI_DEV_ECC_CURRENT": FieldValue("NVML_FI_DEV_ECC_CURRENT"),
     "DCGM_FI_DEV_ECC_PENDING": FieldValue("NVML_FI_DEV_ECC_PENDING"),

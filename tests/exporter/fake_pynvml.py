@@ -15,8 +15,9 @@ events: (gpu, xid) or (gpu, xid, gpu instance id). ``processes[gpu]`` (or ``[(gp
 GPU instance) lists the PIDs ``nvmlDeviceGetComputeRunningProcesses`` answers (default: one process a
 GPU, the recording's load); ``hidden_processes`` makes it answer none while memory stays used, as NVML
 does in a container that cannot see other PID namespaces. ``p2p[(a, b)]`` is the NVLink
-nvmlGpuP2PStatus_t of a GPU pair (default NOT_SUPPORTED, a PCIe board). The clock (seconds) drives energy, PCIe and
-NVLink counters and field timestamps. ``nvlink=True`` makes an SXM board: 18 NVLink links
+nvmlGpuP2PStatus_t of a GPU pair (default NOT_SUPPORTED, a PCIe board); ``inforom[gpu]`` what
+``nvmlDeviceValidateInforom`` answers (default SUCCESS; ``fake_nvml_health``). The clock (seconds)
+drives energy, PCIe and NVLink counters and field timestamps. ``nvlink=True`` makes an SXM board: 18 NVLink links
 (``nvlink_links``), active unless in ``links_down``, moving 3,000 KiB/s TX and 1,000 KiB/s RX (the
 throughput counters and GPM agree); without it NVLink answers NOT_SUPPORTED and GPM's NVLink
 metrics 0, as the recorded PCIe H200 did.
@@ -32,7 +33,7 @@ nvmlDeviceGetGpuInstanceProfileInfo) is built from those entries.
 
 The calls live by concern in ``fake_nvml_common`` (recording, handles, the fault gate every call
 passes), ``fake_nvml_fields`` (field values, NVLink state), ``fake_nvml_gpm``, ``fake_nvml_mig`` and
-``fake_nvml_events``; :class:`FakeNvml` holds the state and the remaining device getters.
+``fake_nvml_events`` and ``fake_nvml_health``; :class:`FakeNvml` holds the state and the remaining device getters.
 """
 
 from __future__ import annotations
@@ -49,12 +50,13 @@ from tests.exporter.fake_nvml_common import ERROR_NAMES, MIB, REC, FakeBase, Han
 from tests.exporter.fake_nvml_events import EventCalls
 from tests.exporter.fake_nvml_fields import FieldValueCalls
 from tests.exporter.fake_nvml_gpm import GpmCalls, Metric, MetricsGet, Sample
+from tests.exporter.fake_nvml_health import HealthCalls
 from tests.exporter.fake_nvml_mig import MigCalls
 
 __all__ = ["ERROR_NAMES", "MIB", "REC", "FakeBase", "FakeNvml", "Handle", "Metric", "MetricsGet", "Sample", "_uuid"]
 
 
-class FakeNvml(FieldValueCalls, GpmCalls, MigCalls, EventCalls):
+class FakeNvml(FieldValueCalls, GpmCalls, MigCalls, EventCalls, HealthCalls):
     """One fake NVML library instance. ``mig`` maps a GPU to its instances' (gi id, slices, GiB)."""
 
     def __init__(
@@ -98,6 +100,7 @@ class FakeNvml(FieldValueCalls, GpmCalls, MigCalls, EventCalls):
         self.processes: dict[int | tuple[int, int], list[int]] = {}
         self.hidden_processes = False
         self.p2p: dict[tuple[int, int], int] = {}
+        self.inforom: dict[int, int] = {}  # gpu -> nvmlDeviceValidateInforom's answer (default SUCCESS)
         self.registered: list[int] = []
         self.field_requests: list[list[Any]] = []
         self.load = REC["load"]
