@@ -132,7 +132,8 @@ class Collector:
         self._specs = [s for s in counters if s.kind != "label"]
         self._label_names = [s.field for s in counters if s.kind == "label"]
         self._driver = backend.driver_version()
-        self._wanted = frozenset(read_as[s.field] for s in self._specs) | (exp.needs() if exp else frozenset())
+        exp_needs = exp.needs() if exp else frozenset()  # the DCGM_EXP_* rows' inputs
+        self._wanted = frozenset(read_as[s.field] for s in self._specs) | exp_needs
         if callable(self._procs_fn):
             self._specs.append(SPEC)
         set_interval = getattr(backend, "set_interval", None)
@@ -142,7 +143,7 @@ class Collector:
         missing: set[str] = set()
         for d in backend.devices():
             probed = supported.get(d.index) if supported is not None and not d.problem else None
-            if probed is None and not d.problem:
+            if (probed is None or not exp_needs <= probed) and not d.problem:  # the caller probed the CSV only
                 try:
                     probed = backend.supported_fields(d.index, sorted(self._wanted))
                 except BackendError:

@@ -149,5 +149,5 @@ class RowBuilder:
             held: list[tuple[str, Sequence[PodLabels | None]]] = [
                 (prefix, list(holders_of(pods, keys)) or [None]) for _e, prefix, keys in entities
             ]
-            rows.extend(self.exp.rows(device.index, held))
+            rows.extend(self.exp.rows(device.index, held, with_xid))
         return rows

@@ -14,8 +14,9 @@ As dcgm-exporter 4.8.2 (``internal/pkg/collector/{xid,clock_events,p2p_status}_c
   ``nvmlDeviceGetP2PStatus(NVLINK)`` code with ``link_status`` its name (OK, ChipsetNotSupported,
   GPUNotSupported, TopologyNotSupported, DisabledByRegKey, NotSupported, Unknown); read once a
   minute (the topology does not change while the driver runs).
-- ``DCGM_EXP_GPU_HEALTH_STATUS`` is DCGM's health-watch engine (a hostengine's background checks):
-  NVML has no equivalent, so that row is skipped with one warning naming why (``UNAVAILABLE``).
+- ``DCGM_EXP_GPU_HEALTH_STATUS``: per GPU, one series per DCGM health watch NVML can observe
+  (``health_watch``, ``health_error_code``; 0 PASS, 10 WARN, 20 FAIL), re-derived from NVML's inputs to
+  DCGM's checks by :mod:`exporter.health_status` (which watches map to what, and which are absent).
 """
 
 from __future__ import annotations
@@ -26,19 +27,17 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
 from exporter.backend import Value
+from exporter.health_status import FIELDS as HEALTH_FIELDS
+from exporter.health_status import HEALTH_STATUS, HealthStatus
 from exporter.render import PodLabels, Row, escape_label_value, with_pod
 from exporter.xid import XidState
 
 XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
 CLOCK_EVENTS_COUNT = "DCGM_EXP_CLOCK_EVENTS_COUNT"
 P2P_STATUS = "DCGM_EXP_P2P_STATUS"
-HEALTH_STATUS = "DCGM_EXP_GPU_HEALTH_STATUS"
 CLOCK_REASONS = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
-IMPLEMENTED = frozenset({XID_COUNT, CLOCK_EVENTS_COUNT, P2P_STATUS})
-UNAVAILABLE = {
-    HEALTH_STATUS: "DCGM_EXP_GPU_HEALTH_STATUS is DCGM's health-watch engine (a DCGM hostengine); "
-                   "gpu-exporter reads NVML only, so this row is not exported",
-}
+IMPLEMENTED = frozenset({XID_COUNT, CLOCK_EVENTS_COUNT, P2P_STATUS, HEALTH_STATUS})
+UNAVAILABLE: dict[str, str] = {}  # DCGM_EXP_* rows refused with a reason (none now)
 DEFAULT_WINDOW_MS = 300000
 P2P_REFRESH_S = 60.0
 
@@ -80,13 +79,17 @@ class ExpCounters:
         self._lock = threading.Lock()
         self._samples: dict[int, deque[tuple[float, int]]] = {}
         self._p2p: dict[int, tuple[float, Mapping[int, int]]] = {}
+        self._health = HealthStatus(xids, clock)
 
     def needs(self) -> frozenset[str]:
         """DCGM fields the collector must read for these rows (dcgm-exporter watches them too)."""
-        return frozenset({CLOCK_REASONS}) if CLOCK_EVENTS_COUNT in self.names else frozenset()
+        clock = frozenset({CLOCK_REASONS}) if CLOCK_EVENTS_COUNT in self.names else frozenset()
+        return clock | (HEALTH_FIELDS if HEALTH_STATUS in self.names else frozenset())
 
     def observe(self, gpu: int, values: Mapping[str, Value]) -> None:
-        """One collection sample of the GPU's values (its clock-event reasons)."""
+        """One collection sample of the GPU's values (clock-event reasons, health inputs)."""
+        if HEALTH_STATUS in self.names:
+            self._health.observe(gpu, values)
         if CLOCK_EVENTS_COUNT not in self.names or CLOCK_REASONS not in values:
             return
         now = self._clock()
@@ -112,8 +115,11 @@ class ExpCounters:
             cached = self._p2p[gpu] = (now, dict(self._p2p_fn(gpu)))
         return cached[1]
 
-    def rows(self, gpu: int, prefixes: Sequence[tuple[str, Sequence[PodLabels | None]]]) -> list[Row]:
-        """The GPU's rows; ``prefixes``: each entity's static label prefix and its holders."""
+    def rows(
+        self, gpu: int, prefixes: Sequence[tuple[str, Sequence[PodLabels | None]]], xid_watched: bool = True
+    ) -> list[Row]:
+        """The GPU's rows; ``prefixes``: each entity's static label prefix and its holders;
+        ``xid_watched``: the GPU's XID events are received (the health row's XID inputs)."""
         out: list[Row] = []
 
         def emit(name: str, labels: Sequence[tuple[str, str]], value: int) -> None:
@@ -140,4 +146,7 @@ class ExpCounters:
             for peer, code in sorted(self._peers(gpu).items()):
                 if peer != gpu:
                     emit(P2P_STATUS, (("peer_gpu", str(peer)), ("link_status", link_status(code))), code)
+        if HEALTH_STATUS in self.names:
+            for watch, (health, reason) in self._health.incidents(gpu, xid_watched):
+                emit(HEALTH_STATUS, (("health_error_code", reason), ("health_watch", watch)), health)
         return out

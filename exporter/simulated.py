@@ -39,6 +39,7 @@ from exporter.processes import ProcessCount
 from exporter.simulated_fields import (
     GPM_BYTES,
     GPM_FIELDS,
+    HEALTHY,
     MIG_INSTANCE_FIELDS,
     MIG_PARENT_ABSENT,
     NVLINK,
@@ -288,6 +289,7 @@ class SimulatedBackend:
             "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 0,
             "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0,
             "DCGM_FI_DEV_ROW_REMAP_PENDING": 0,
+            **HEALTHY,  # the health row's other inputs: InfoROM valid, no recovery action, no NVLink errors
             "DCGM_FI_DEV_MAX_SM_CLOCK": self._rec["static"]["max_clock_sm"],
             "DCGM_FI_DEV_MAX_MEM_CLOCK": self._rec["static"]["max_clock_mem"],
             "DCGM_FI_DEV_SLOWDOWN_TEMP": self._rec["static"]["temperature_slowdown"],

@@ -1,5 +1,5 @@
 """gpu-exporter end to end with dcgm-exporter's own rows (issue 21 points 4, 5): a CSV with the
-alias, DCGM_EXP_* rows and the health row, served by the real CLI on the simulated backend."""
+alias and the DCGM_EXP_* rows (the health row included), served by the real CLI on the simulated backend."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ DCGM_EXP_P2P_STATUS, counter, p2p
 """
 
 
-def test_exp_rows_and_the_alias_are_served_and_health_is_skipped_with_its_reason(
+def test_exp_rows_the_health_row_and_the_alias_are_served_from_the_csv(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     csv = tmp_path / "c.csv"
@@ -50,9 +50,13 @@ def test_exp_rows_and_the_alias_are_served_and_health_is_skipped_with_its_reason
         stop.set()
         t.join(timeout=10)
     assert result == [EXIT_OK]
-    assert "Skipping line 5 ('DCGM_EXP_GPU_HEALTH_STATUS'): DCGM_EXP_GPU_HEALTH_STATUS is DCGM's health-watch" in err
-    assert "metric not enabled" not in err
+    assert "Skipping line" not in err and "metric not enabled" not in err
     for name in ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_EXP_XID_ERRORS_COUNT", "DCGM_EXP_CLOCK_EVENTS_COUNT",
-                 "DCGM_EXP_P2P_STATUS"):
+                 "DCGM_EXP_P2P_STATUS", "DCGM_EXP_GPU_HEALTH_STATUS"):
         assert f"\n{name}{{gpu=" in body, name
-    assert 'window_size_in_ms="60000"} 0' in body and "DCGM_EXP_GPU_HEALTH_STATUS" not in body
+    assert 'window_size_in_ms="60000"} 0' in body
+    assert "# TYPE DCGM_EXP_GPU_HEALTH_STATUS counter" in body  # the CSV's type, as dcgm-exporter
+    health = [ln for ln in body.splitlines() if ln.startswith("DCGM_EXP_GPU_HEALTH_STATUS{")]
+    assert len(health) == 2 * 8  # 2 GPUs x PCIE, NVLINK, MEM, INFOROM, THERMAL, POWER, DRIVER, ALL
+    assert all(ln.endswith('health_error_code="DCGM_FR_OK",health_watch="' + ln.split('health_watch="')[1])
+               and ln.endswith("} 0") for ln in health)

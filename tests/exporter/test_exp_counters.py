@@ -1,5 +1,5 @@
 """DCGM_EXP_* rows as dcgm-exporter 4.8.2 exports them (issue 21 point 5): XID and clock-event
-counts over their -x / --clock-events-count-window-size windows, P2P status, health refused."""
+counts over their -x / --clock-events-count-window-size windows, P2P status, health (test_health_status)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from exporter.collector import Collector
 from exporter.counters_csv import parse_counters
-from exporter.exp_counters import UNAVAILABLE, ExpCounters, link_status
+from exporter.exp_counters import IMPLEMENTED, UNAVAILABLE, ExpCounters, link_status
 from exporter.settings import SettingsError, load_settings
 from exporter.simulated import SimulatedBackend
 from exporter.xid import XidState
@@ -86,8 +86,8 @@ def test_link_status_text_is_dcgm_exporters(code: int, text: str) -> None:
     assert link_status(code) == text
 
 
-def test_health_status_is_refused_with_a_reason_naming_dcgm() -> None:
-    assert "health-watch" in UNAVAILABLE["DCGM_EXP_GPU_HEALTH_STATUS"]
+def test_health_status_is_implemented_and_no_exp_row_is_refused() -> None:
+    assert "DCGM_EXP_GPU_HEALTH_STATUS" in IMPLEMENTED and UNAVAILABLE == {}
 
 
 @pytest.mark.parametrize(
