@@ -80,6 +80,7 @@ destinations:
 
     page = Values()
     page.feed(dom)
+    states = {k: page.values.pop(k) for k in [k for k in page.values if k.endswith(".state")]}
     v, texts = {k: float(x) for k, x in page.values.items()}, page.texts
     assert "<title>gpu-relay status</title>" in dom
     # numbers shown == /metrics
@@ -102,6 +103,7 @@ destinations:
             assert v[f"{name}.top_out.{item['metric']}"] == item["series"]
     assert v["amp.active_out"] == 16 - 0  # 8 util (pod pruned: 8 gpus stay distinct) + 8 fb
     assert texts["amp.state"] == "dry run" and texts["local.state"] == "sending"
+    assert states == {"amp.state": "dry_run", "local.state": "sending"}  # the state's name beside its words
     # the estimate follows a rate that decays while no samples come in: the page's lies between the
     # API's just before and just after the page was rendered
     assert isinstance(before, dict) and isinstance(after, dict)
