@@ -85,7 +85,8 @@ def test_trainjobs_are_watched_once_discovery_serves_them(fake: FakeAPIServer, t
     fake.apply("trainjobs", trainjob("llama", status=trainer_status(450)))
     with jobwatch(fake, tmp_path) as r:
         r.wait_for(lambda: pods(r) == {"llama-node-0-0-x0"})
-        assert r.value("gpu_jobwatch_resource_served", resource="trainjobs") == 0
+        # discovery's first answer may come after the pods' list: waited for, not raced
+        r.wait_value("gpu_jobwatch_resource_served", 0, resource="trainjobs")
         assert r.value("gpu_jobwatch_watch_up", resource="trainjobs") is None  # no CRD, no error
         assert r.value("gpu_job_progress_step", job_name="llama") is None
         fake.trainer_served = True  # the CRD is installed later
