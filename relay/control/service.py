@@ -44,6 +44,7 @@ from relay.ingest import wire
 from relay.ingest.request_body import decode_body
 from relay.ingest.scrape import Scraper, ScrapeTarget
 from relay.ingest.server import Reply
+from relay.state import memory_trim
 from relay.state.cardinality import CardinalityMetrics
 from relay.state.pipeline import Pipeline
 
@@ -103,6 +104,8 @@ class Runtime:
         gen.commit(self.rm, self.cardinality_metrics, start=False)
         self.config = config
         self.max_request_bytes = config.server.max_request_bytes
+        memory_trim.map_large_blocks()  # a large body's blocks are unmapped when freed
+        self._peak = memory_trim.PeakTrimmer()  # and what a peak of them leaves is trimmed after it
         self.rm.config_last_reload_successful.set(1)
         self.rm.config_last_reload_success_timestamp_seconds.set(clock())
         self._ready = True
@@ -242,8 +245,13 @@ class Runtime:
 
     # -- the write endpoint ----------------------------------------------------------------------
     def write(self, headers: Mapping[str, str], body: bytes) -> Reply:
+        with self._peak.request(len(body)) as peak:  # a large request (as sent or decoded): trimmed after
+            return self._write(headers, body, peak)
+
+    def _write(self, headers: Mapping[str, str], body: bytes, peak: memory_trim.PeakRequest) -> Reply:
         try:
             decoded = decode_body(headers, body, self.max_request_bytes)  # type, snappy/zstd, RW 2.0 -> 1.0
+            peak.saw(len(decoded.raw))
             self.pipeline.ingest(decoded.raw, decoded.stored)  # ``stored``: the body, when kept as it came
             counts = decoded.counts
         except wire.WireError as e:
