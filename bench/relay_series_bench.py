@@ -22,6 +22,7 @@ as a whole, its decision cache and every other per-series structure included. Th
     .venv/bin/python bench/relay_series_bench.py --first-sight   # in process only: ~1 min
     .venv/bin/python bench/relay_series_bench.py                 # first sight on 63,000 series; memory at 1M
     .venv/bin/python bench/relay_series_bench.py 1000000 2000000 5000000  # memory at 1M, 2M, 5M: ~14 min, 5 GiB
+    .venv/bin/python bench/relay_series_bench.py --memory 300000   # memory only, at 300k series: ~2 min
     .venv/bin/python bench/relay_series_bench.py --compare /work/main [--first-sight] [--repeat 2]
 
 ``--compare PATH``: the first-sight figures (in process, and end to end unless ``--first-sight``) of this
@@ -446,12 +447,16 @@ def main(argv: list[str]) -> int:
         repeat = int(argv[argv.index("--repeat") + 1]) if "--repeat" in argv else 2
         print(compare(Path(argv[i + 1]), quick, "--first-sight" not in argv, repeat), end="")
         return 0
+    sizes = [int(a) for a in argv if a.isdigit()] or [1_000_000]
+    if "--memory" in argv:
+        with tempfile.TemporaryDirectory() as td:
+            print(memory_table(*memory(sizes, Path(td) / "mem")), end="")
+        return 0
     rows = [in_process(name, rules, shape, 8 if quick else 40, 1 if quick else 3)
             for name, rules in RULE_SETS for shape in SHAPES]
     print(in_process_table(rows), flush=True)
     if "--first-sight" in argv or quick:
         return 0
-    sizes = [int(a) for a in argv] or [1_000_000]
     series = cluster_series(250, ISSUE9_OTHER_PER_NODE)
     with tempfile.TemporaryDirectory() as td:
         fs = [first_sight("keep4", KEEP4_RULES, KEEP, series, Path(td) / "fs-keep4"),
