@@ -56,7 +56,9 @@ def test_100_hostile_connections_keep_rss_under_64_mib_and_a_scrape_under_100_ms
     with exporter_process() as (proc, port):
         slow, big = Hostile(port, 50, "slow").start(), Hostile(port, 50, "big").start()
         try:
-            assert wait_until(lambda: slow.open + big.open >= 90, timeout=20)
+            # the slow heads stay open; a big head is cut (431) as soon as it passes 64 KiB and comes back,
+            # so on a quiet machine few of them are open at one instant: wait for each kind's own sign
+            assert wait_until(lambda: slow.open >= 45 and big.connects >= 50, timeout=20)
             peak, latencies = 0.0, []
             for _ in range(12):
                 time.sleep(0.5)
