@@ -236,7 +236,34 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
-class FrontServer(ThreadingHTTPServer):
+class BoundedConnections:
+    """For a ThreadingHTTPServer (listed before it) whose ``verify_request`` took one of
+    ``self._connections`` (a BoundedSemaphore): the slot comes back when the connection's thread ends
+    (or its start fails), and ``self._open`` holds the open sockets under ``self._lock``."""
+
+    _connections: threading.BoundedSemaphore
+    _open: set[Any]
+    _lock: threading.Lock
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request(request, client_address)  # type: ignore[misc]
+        except BaseException:
+            self._connections.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        with self._lock:
+            self._open.add(request)
+        try:
+            super().process_request_thread(request, client_address)  # type: ignore[misc]
+        finally:
+            with self._lock:
+                self._open.discard(request)
+            self._connections.release()
+
+
+class FrontServer(BoundedConnections, ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True
@@ -310,22 +337,6 @@ class FrontServer(ThreadingHTTPServer):
         self.logger.warning("%d open connections (the bound): refused %d new connection(s) since the last "
                             "warning", self.max_connections, count, extra={"reason": "max_connections"})
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._connections.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        with self._lock:
-            self._open.add(request)
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            with self._lock:
-                self._open.discard(request)
-            self._connections.release()
 
     @property
     def open_connections(self) -> int:

@@ -29,6 +29,7 @@ from typing import Any
 from relay.ingest.http_conn import response_head
 from relay.ingest.http_handler import Handler
 from relay.ingest.http_reply import RETRY_AFTER_S, Endpoints, Reply, busy, json_reply
+from telemetry_common.httpfront import BoundedConnections
 
 __all__ = ["RETRY_AFTER_S", "Endpoints", "RelayHTTPServer", "Reply", "json_reply", "parse_listen"]
 
@@ -42,7 +43,7 @@ _BUSY = busy("connections")
 _BUSY_CONNECTIONS = response_head(503, _BUSY.content_type, _BUSY.headers, len(_BUSY.body), True) + _BUSY.body
 
 
-class RelayHTTPServer(ThreadingHTTPServer):
+class RelayHTTPServer(BoundedConnections, ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 128
@@ -112,22 +113,6 @@ class RelayHTTPServer(ThreadingHTTPServer):
             pass
         return False
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._connections.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        with self._lock:
-            self._open.add(request)
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            with self._lock:
-                self._open.discard(request)
-            self._connections.release()
 
     def overloaded(self, what: str) -> None:
         """Count a 503 for load; one WARNING a minute at most, with the count since the last one."""
