@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from relay.common.http_head import HeadError, Headers, read_headers
-from relay.ingest.http_conn import DeadlineReader, SocketWriter, response_head
+from relay.ingest.http_conn import DeadlineReader, SocketWriter, blocking, response_head
 from relay.ingest.http_reply import Reply, busy, text
 from relay.ingest.request_body import VM_PROTO_VERSION
 
@@ -53,11 +53,13 @@ class Handler(BaseHTTPRequestHandler):
         self.connection = self.request
         with contextlib.suppress(OSError):
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        blocking(self.connection)  # reads and writes timed by the kernel (http_conn.KernelTimeout)
         self._reader = DeadlineReader(self.connection)
         self._begin(time.monotonic())  # the first request
         self._buffered = io.BufferedReader(self._reader, 1 << 16)
         self.rfile = self._buffered
-        self.wfile = SocketWriter(self.connection)  # type: ignore[assignment]
+        self._writer = SocketWriter(self.connection, self.server.read_timeout)
+        self.wfile = self._writer  # type: ignore[assignment]
         self._waiting = False  # the next request must wait for its first byte (keep-alive)
         self._body_pending = False  # the request's body, if any, was not read
         self._continue = False  # Expect: 100-continue, not answered yet
@@ -159,11 +161,7 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         body = b"" if self.command == "HEAD" else reply.body
         head = response_head(reply.status, reply.content_type, reply.headers, len(reply.body), self.close_connection)
-        limit = self.server.read_timeout
-        now = self.connection.gettimeout()  # what the request's reads left is fine unless it is nearly spent
-        if now is None or now > limit or now < limit - min(1.0, limit / 10):  # a reply gets read_timeout, less a little
-            self.connection.settimeout(limit)
-        self.connection.sendall(head + body)  # headers and body in one write
+        self._writer.write(head + body)  # headers and body in one write, within read_timeout whatever the reads left
 
     # -- requests --------------------------------------------------------------------------------------
 
@@ -292,7 +290,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             if self._continue:
                 self._continue = False
-                self.connection.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+                self._writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             body = self.rfile.read(length)
         except TimeoutError:
             return text(408, f"request not received within {self.server.read_timeout:g} s (server.read_timeout)")
