@@ -23,6 +23,7 @@ from google.protobuf.message import DecodeError
 
 from relay import native
 from relay.common.protowire import WireError, encode_int64, encode_len, encode_uvarint
+from relay.ingest.wire_locate import locate_v2
 from relay.proto import remote_v2_pb2 as v2pb
 
 _HISTOGRAM_TYPES = (3, 4)  # HISTOGRAM, GAUGEHISTOGRAM: classic series carry _bucket/_count/_sum
@@ -40,6 +41,17 @@ class V2Counts:
     samples: int
     histograms: int
     exemplars: int
+
+
+class _RefError(WireError):
+    """A field of the series being transcoded that is refused: py_v2_to_v1 names the series.
+    ``field``: its path below the series; ``done``: 1 when that series' entry is already in the
+    output (its metadata is read after)."""
+
+    def __init__(self, message: str, field: str, done: int = 0) -> None:
+        super().__init__(400, message)
+        self.field = field
+        self.done = done
 
 
 def too_large(limit: int) -> WireError:
@@ -63,7 +75,7 @@ class _Symbols:
         """Concatenated v1 Label entries for name/value ref pairs, sorted by name; 413 when they
         would take more than ``room`` bytes (checked before they are joined)."""
         if len(refs) % 2:
-            raise WireError(400, f"invalid {what} labels_refs: odd count {len(refs)}")
+            raise _RefError(f"invalid {what} labels_refs: odd count {len(refs)}", "labels_refs")
         it = iter(refs)
         try:
             out = [self.entries[n << 32 | v] for n, v in zip(it, it, strict=True)]
@@ -83,16 +95,17 @@ class _Symbols:
         n = len(self.raw)
         if name_ref >= n or value_ref >= n:
             bad = name_ref if name_ref >= n else value_ref
-            raise WireError(400, f"invalid {what} labels_refs: ref {bad} out of range ({n} symbols)")
+            raise _RefError(f"invalid {what} labels_refs: ref {bad} out of range ({n} symbols)", "labels_refs")
         name, value = self.raw[name_ref], self.raw[value_ref]
         inner = (encode_len(1, name) if name else b"") + (encode_len(2, value) if value else b"")
         entry = self.entries[key] = (name, encode_len(1, inner))
         self.longest = max(self.longest, len(entry[1]))
         return entry
 
-    def get(self, ref: int, what: str) -> str:
+    def get(self, ref: int, what: str, field: str) -> str:
+        """The symbol of a series' metadata ref (``what``, ``field``: its name in the text and path)."""
         if ref >= len(self.text):
-            raise WireError(400, f"invalid {what}: ref {ref} out of range ({len(self.text)} symbols)")
+            raise _RefError(f"invalid {what}: ref {ref} out of range ({len(self.text)} symbols)", field, 1)
         return self.text[ref]
 
 
@@ -102,14 +115,27 @@ def py_v2_to_v1(raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, 
 
     WireError(413) as soon as the v1 output would pass ``max_bytes``: a few KB of v2 can reference
     one long symbol thousands of times, so the size is checked series by series, before joining.
+    WireError(400) for anything else it refuses, naming the field: where protobuf's parser refuses
+    the bytes, the first spot relay.ingest.wire_locate finds (path, byte, reason); a ref out of
+    range or a metadata type read negative, the series (``Request.timeseries[2].labels_refs``).
     """
     try:
         request = v2pb.Request.FromString(raw)
     except DecodeError:
-        raise WireError(400, "malformed protobuf: not a valid io.prometheus.write.v2.Request") from None
+        where = locate_v2(raw)  # the error path only: valid bodies never walk twice
+        if where is None:
+            raise WireError(400, "malformed protobuf: not a valid io.prometheus.write.v2.Request") from None
+        raise WireError(400, f"malformed protobuf at {where}") from None
+    out: list[bytes] = []
+    try:
+        return _transcode(request, out, max_bytes)
+    except _RefError as e:  # one entry in ``out`` a series done
+        raise WireError(400, f"{e.message} at Request.timeseries[{len(out) - e.done}].{e.field}") from None
+
+
+def _transcode(request: v2pb.Request, out: list[bytes], max_bytes: int) -> tuple[bytes, V2Counts]:
     symbols = _Symbols(request.symbols, max_bytes)
     left = max_bytes  # output bytes still allowed
-    out: list[bytes] = []
     metadata: dict[str, bytes] = {}
     samples = histograms = exemplars = 0
     pack = _DOUBLE.pack
@@ -129,10 +155,13 @@ def py_v2_to_v1(raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, 
                 inner += stamp
             rest.append(b"\x12" + _U1[len(inner)] + inner)  # a Sample is at most 20 bytes
         used += 2 * len(ts.samples)
-        for e in ts.exemplars:
-            exemplar = encode_len(3, _exemplar(e, symbols, left - used))
-            used += len(exemplar)
-            rest.append(exemplar)
+        try:
+            for e in ts.exemplars:
+                exemplar = encode_len(3, _exemplar(e, symbols, left - used))
+                used += len(exemplar)
+                rest.append(exemplar)
+        except _RefError as x:  # ``rest``: the samples, then the exemplars done
+            raise _RefError(x.message, f"exemplars[{len(rest) - len(ts.samples)}].{x.field}") from None
         for h in ts.histograms:
             h.ClearField("start_timestamp")
             histogram = encode_len(4, h.SerializeToString())
@@ -173,9 +202,9 @@ def _metadata(ts: v2pb.TimeSeries, symbols: _Symbols) -> tuple[str, bytes] | Non
     """(family name, WriteRequest field-3 MetricMetadata entry), or None when there is nothing to say."""
     md = ts.metadata
     if md.type < 0:  # an int32 enum read from a negative varint: no MetricType (the C twin declines it too)
-        raise WireError(400, f"invalid metadata type {md.type}: TimeSeries.metadata.type must be 0-7")
-    help_text = symbols.get(md.help_ref, "metadata help_ref")
-    unit = symbols.get(md.unit_ref, "metadata unit_ref")
+        raise _RefError(f"invalid metadata type {md.type}: TimeSeries.metadata.type must be 0-7", "metadata.type", 1)
+    help_text = symbols.get(md.help_ref, "metadata help_ref", "metadata.help_ref")
+    unit = symbols.get(md.unit_ref, "metadata unit_ref", "metadata.unit_ref")
     refs = ts.labels_refs
     name = next(
         (symbols.text[refs[i + 1]] for i in range(0, len(refs), 2) if symbols.text[refs[i]] == "__name__"), ""
