@@ -249,12 +249,15 @@ class Runtime:
             return self._write(headers, body, peak)
 
     def _write(self, headers: Mapping[str, str], body: bytes, peak: memory_trim.PeakRequest) -> Reply:
+        decoded = None
         try:
             decoded = decode_body(headers, body, self.max_request_bytes)  # type, snappy/zstd, RW 2.0 -> 1.0
             peak.saw(len(decoded.raw))
             self.pipeline.ingest(decoded.raw, decoded.stored)  # ``stored``: the body, when kept as it came
             counts = decoded.counts
         except wire.WireError as e:
+            if decoded is not None:  # the route refused it (either core): the text names the series and field
+                e = wire.route_error(e, decoded.raw, 1 if decoded.counts is None else 2)
             return self._answer(e.status, str(e))
         except RequestTooLargeError as e:
             return self._answer(413, f"request too large for the queue: {_one_line(e)}")

@@ -2,9 +2,10 @@
 into the write endpoint, ``relay.control.service.Runtime.write``: every answer is a 204 or a 4xx
 with a one-line reason, never a 5xx (a client error answered 5xx is retried by its sender forever,
 issue 20 point 12), and it is exactly the answer of the Python reference run directly on the same
-body (snappy or zstd, RW 2.0 -> 1.0, the route with the pipeline's own ``decide``): same status,
-same text. With the native core built, its C twins (``relay.native._crw2``, ``_cwire``) must also
-give the reference's results body by body, bytes included; under ``GPU_RELAY_NATIVE=0`` the runtime
+body (snappy or zstd, RW 2.0 -> 1.0, the route with the pipeline's own ``decide``, a refusal worded
+by ``wire.route_error`` as the endpoint words it): same status, same text. With the native core
+built, its C twins (``relay.native._crw2``, ``_cwire``) must also give the reference's results body
+by body, bytes included; under ``GPU_RELAY_NATIVE=0`` the runtime
 itself runs the reference, and the endpoint is checked against the reference's direct answers.
 
 RELAY_FUZZ_FIELD_EXAMPLES sets the examples (default 2000: about 15 s per core mode on a busy
@@ -86,6 +87,17 @@ def reference_decode(version: int, encoding: str, body: bytes) -> bytes:
     return wire_v2.py_v2_to_v1(raw, MAX_BYTES)[0] if version == 2 else raw
 
 
+def reference_answer(version: int, encoding: str, body: bytes, n: int,
+                     decide: Callable[[bytes], wire.Decision]) -> tuple[Any, ...]:
+    """The reference's route of a body; its refusal named as the endpoint names it (``wire.route_error``,
+    the one place above both cores that words a route's refusal with its field)."""
+    v1 = reference_decode(version, encoding, body)
+    try:
+        return routed(wire._route_loop, v1, n, decide)
+    except WireError as e:
+        raise wire.route_error(e, v1, version) from None
+
+
 def routed(loop: Any, v1: bytes, n: int, decide: Callable[[bytes], wire.Decision]) -> tuple[Any, ...]:
     per_dest: list[list[wire.RoutedEntry]] = [[] for _ in range(n)]
     metadata: list[bytes] = []
@@ -120,7 +132,7 @@ def test_field_built_bodies_answer_the_references_2xx_or_4xx_never_5xx(
 
     n = len(runtime.pipeline.stages) + 1
     decide = checked(runtime.pipeline.decide)
-    want = outcome(lambda: routed(wire._route_loop, reference_decode(version, encoding, body), n, decide))
+    want = outcome(lambda: reference_answer(version, encoding, body, n, decide))
     if want[0] == "ok":
         assert reply.status == 204, (reply.status, reply.body)
         outcomes["accepted"] = outcomes.get("accepted", 0) + 1
