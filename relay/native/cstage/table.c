@@ -42,8 +42,8 @@ CS_INLINE int tbl_add(Tbl *t, const void *entry, uint32_t value, const TblKind *
         t->zero = value;
         return 0;
     }
-    if ((t->n + 1) * 5 > t->cap * 4) {
-        size_t cap = t->cap < TBL_MIN_CAP ? TBL_MIN_CAP : t->cap + t->cap / 2;
+    if (!tbl_fits(t->n + 1, t->cap)) {
+        size_t cap = t->cap < TBL_MIN_CAP ? TBL_MIN_CAP : t->cap + t->cap / TBL_GROW_DIV;
         if (tbl_rebuild(t, cap, k) < 0)
             return -1;
     }

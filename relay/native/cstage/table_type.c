@@ -115,7 +115,7 @@ static PyObject *Table_check(TableObject *self, PyObject *unused) {
         PyErr_SetString(PyExc_AssertionError, "the count does not match the buckets");
         return NULL;
     }
-    if (t->cap && t->n * 5 > t->cap * 4) {
+    if (t->cap && !tbl_fits(t->n, t->cap)) {
         PyErr_SetString(PyExc_AssertionError, "over the load limit");
         return NULL;
     }
