@@ -15,7 +15,10 @@ destination, element 0 the input's) like a dict, but stores neither the key byte
   linear probing, grown at 3/4 load, shrunk when a quarter of that, backward-shift deletion, so
   no tombstones). A removed entry's hole is filled by the last entry (popitem pops the last).
 - Each decision is packed: the input as (in_id uint64, metric reference); a destination as
-  (sid's low 64 bits, a tagged reference, aux): kind NONE (None), SENT (the reference is the
+  (sid's low 64 bits, a tagged reference, aux), or without the reference while every destination
+  sent is sent under the input's metric (a "narrow" table: 8 bytes less a destination, a
+  pass-through entry 48 bytes instead of 56; the first decision that is not turns the table wide
+  for good, in one pass over its entries): kind NONE (None), SENT (the reference is the
   metric; aux has the CLAIM bit, the external-labels position + 1, and where lb comes from: the
   key, one of the table's shared objects such as a stage's external-labels bytes, or its own bytes
   object), SHARED (a tuple stored as is and shared by many entries: drops) or TUPLE (anything
@@ -167,7 +170,9 @@ static inline void key_hash2(const uint8_t *pa, size_t na, uint64_t ha[2], const
    LB_EDIT: lb is the key with some of its label entries left out and at most one run of bytes (a
    shared object, e.g. the external labels) put in before one of them: bits 3-7 the run's shared
    index + 1 (0: none), bits 8-13 the entry it goes before, bits 14-63 the mask of entries left out
-   (entries 0-49). What rules such as prune_labels or labeldrop make, with no copy kept. */
+   (entries 0-49). What rules such as prune_labels or labeldrop make, with no copy kept.
+   A narrow table (dw 2) leaves the ref of a SENT destination out (it is in_ref) and keeps any other
+   kind as [ref FP_NARROW_OTHER]: fastpath.h's fp_dest reads both layouts into [id ref aux]. */
 
 enum { K_NONE = 0, K_SENT = 1, K_SHARED = 2, K_TUPLE = 3 };
 enum { LB_KEY = 0, LB_OWN = 1, LB_SHARED = 2, LB_EDIT = 3 };
@@ -187,7 +192,8 @@ _Static_assert(WHOLE == FP_WHOLE && HDR == FP_HDR, "fastpath.h entry header");
 typedef struct {
     PyObject_HEAD
     Py_ssize_t width;   /* decisions per entry; 0 until the first value fixes it */
-    size_t words;       /* uint64 words per entry */
+    size_t dw;          /* words a destination takes: FP_DW_NARROW until a decision needs FP_DW_WIDE */
+    size_t words;       /* uint64 words per entry: HDR + dw * (width - 1) */
     uint64_t *entries;  /* n used, cap allocated */
     size_t n, cap;
     uint32_t *index;    /* isize slots, a power of two (0: none allocated) */
@@ -199,6 +205,7 @@ typedef struct {
 } Table;
 
 static inline uint64_t *entry_at(Table *t, size_t i) { return t->entries + i * t->words; }
+static inline size_t wide_words(const Table *t) { return HDR + FP_DW_WIDE * (size_t)(t->width - 1); }
 
 static size_t obj_size(PyObject *o) {
     /* immutable sizes only (bytes, tuple); rounded as the allocator does */
@@ -468,12 +475,12 @@ as_tuple:
     return 0;
 }
 
-static void release_words(Table *t, uint64_t *e, size_t *owned);
+static void release_words(Table *t, uint64_t *e, size_t dw, size_t *owned);
 
-/* Packs ``value`` for ``key`` into e (hash words left alone); 0 or -1 with an error set and
-   nothing held. */
+/* Packs ``value`` for ``key`` into e, wide_words(t) words in the wide layout (hash words left
+   alone); 0 or -1 with an error set and nothing held. */
 static int pack(Table *t, PyObject *key, PyObject *value, uint64_t *e, size_t *owned) {
-    memset(e + 2, 0, (t->words - 2) * 8);
+    memset(e + 2, 0, (wide_words(t) - 2) * 8);
     Py_ssize_t width = t->width;
     if (!PyTuple_CheckExact(value) || PyTuple_GET_SIZE(value) != width)
         goto whole;
@@ -493,9 +500,9 @@ static int pack(Table *t, PyObject *key, PyObject *value, uint64_t *e, size_t *o
         goto whole;
     size_t own = 0;
     for (Py_ssize_t j = 1; j < width; j++) {
-        if (pack_dest(t, PyTuple_GET_ITEM(value, j), key, e + HDR + 3 * (j - 1), &own) < 0) {
+        if (pack_dest(t, PyTuple_GET_ITEM(value, j), key, e + HDR + FP_DW_WIDE * (j - 1), &own) < 0) {
             size_t ignored = 0;
-            release_words(t, e, &ignored);
+            release_words(t, e, FP_DW_WIDE, &ignored);
             return -1;
         }
     }
@@ -512,8 +519,8 @@ whole:
     return 0;
 }
 
-/* Drops the references of entry e (its owned bytes subtracted into *owned). */
-static void release_words(Table *t, uint64_t *e, size_t *owned) {
+/* Drops the references of entry e, dw words a destination (its owned bytes added into *owned). */
+static void release_words(Table *t, uint64_t *e, size_t dw, size_t *owned) {
     if (e[3] & WHOLE) {
         PyObject *v = (PyObject *)(uintptr_t)(e[3] & ~(uint64_t)WHOLE);
         *owned += stored_size(v);
@@ -521,7 +528,8 @@ static void release_words(Table *t, uint64_t *e, size_t *owned) {
         return;
     }
     for (Py_ssize_t j = 1; j < t->width; j++) {
-        uint64_t *w = e + HDR + 3 * (j - 1);
+        uint64_t w[3];
+        fp_dest(e, dw, (size_t)(j - 1), w);
         PyObject *o = (PyObject *)(uintptr_t)(w[1] & ~(uint64_t)3);
         switch (w[1] & 3) {
         case K_SENT:
@@ -550,8 +558,9 @@ static void release_words(Table *t, uint64_t *e, size_t *owned) {
 /* ---- unpacking -------------------------------------------------------------------------------- */
 
 
-/* A copy of one entry and one reference to every object its decision is made of, taken before
-   anything is allocated (an allocation may run a GC whose finalizers could reach the table). */
+/* A copy of one entry in the wide layout and one reference to every object its decision is made
+   of, taken before anything is allocated (an allocation may run a GC whose finalizers could reach
+   the table). */
 #define STACK_DESTS 16
 typedef struct {
     uint64_t stack[HDR + 3 * STACK_DESTS];
@@ -573,7 +582,7 @@ static int hold(Table *t, const uint64_t *entry, PyObject *key, Held *c) {
     c->e = c->stack;
     c->lbs = c->lbs_stack;
     if (t->width > STACK_DESTS) {
-        c->e = PyMem_Malloc(t->words * 8);
+        c->e = PyMem_Malloc(wide_words(t) * 8);
         c->lbs = PyMem_Malloc(sizeof(PyObject *) * (size_t)t->width);
         if (c->e == NULL || c->lbs == NULL) {
             held_free(c);
@@ -581,14 +590,15 @@ static int hold(Table *t, const uint64_t *entry, PyObject *key, Held *c) {
             return -1;
         }
     }
-    const uint64_t *e = memcpy(c->e, entry, t->words * 8);
+    uint64_t *e = memcpy(c->e, entry, HDR * 8);
     if (e[3] & WHOLE) {
         Py_INCREF((PyObject *)(uintptr_t)(e[3] & ~(uint64_t)WHOLE));
         return 0;
     }
     Py_INCREF((PyObject *)(uintptr_t)e[3]);
     for (Py_ssize_t j = 1; j < t->width; j++) {
-        const uint64_t *w = e + HDR + 3 * (j - 1);
+        uint64_t *w = e + HDR + FP_DW_WIDE * (j - 1);
+        fp_dest(entry, t->dw, (size_t)(j - 1), w);
         PyObject *o = (PyObject *)(uintptr_t)(w[1] & ~(uint64_t)3), *lb = NULL;
         Py_XINCREF(o);
         if ((w[1] & 3) == K_SENT) {
@@ -859,7 +869,67 @@ static int set_width(Table *t, Py_ssize_t width) {
         return -1;
     }
     t->width = width;
-    t->words = HDR + 3 * (size_t)(width - 1);
+    t->dw = FP_DW_NARROW;
+    t->words = HDR + t->dw * (size_t)(width - 1);
+    return 0;
+}
+
+/* whether entry e (wide layout) fits a narrow table: every destination sent under the input's metric */
+static int fits_narrow(const Table *t, const uint64_t *e) {
+    if (e[3] & WHOLE)
+        return 1;
+    for (Py_ssize_t j = 1; j < t->width; j++) {
+        const uint64_t *w = e + HDR + FP_DW_WIDE * (j - 1);
+        if ((w[1] & 3) == K_SENT && (w[1] & ~(uint64_t)3) != e[3])
+            return 0;
+    }
+    return 1;
+}
+
+/* entry e (wide layout) into dst in the table's layout */
+static void put_entry(const Table *t, uint64_t *dst, const uint64_t *e) {
+    if (t->dw == FP_DW_WIDE) {
+        memcpy(dst, e, t->words * 8);
+        return;
+    }
+    memcpy(dst, e, HDR * 8);
+    for (Py_ssize_t j = 1; j < t->width; j++) {
+        const uint64_t *w = e + HDR + FP_DW_WIDE * (j - 1);
+        uint64_t *d = dst + HDR + FP_DW_NARROW * (j - 1);
+        int sent = (w[1] & 3) == K_SENT && !(e[3] & WHOLE);
+        d[0] = sent ? w[0] : w[1];
+        d[1] = sent ? w[2] : FP_NARROW_OTHER; /* (no SENT aux is FP_NARROW_OTHER: LB_KEY's bits 3-10 are 0) */
+    }
+}
+
+/* A narrow table's entries in the wide layout, for good (in place, from the last entry down: each
+   one's new place starts at or after its old one); -1 with MemoryError and the table as it was. */
+static int widen(Table *t) {
+    size_t words = wide_words(t), old = t->words;
+    if (t->entries != NULL) {
+        if (t->cap > SIZE_MAX / 8 / words) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        uint64_t *entries = arr_realloc(t->entries, entries_bytes(t), t->cap * words * 8);
+        if (entries == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        t->entries = entries;
+        for (size_t i = t->n; i-- > 0;) {
+            uint64_t *from = entries + i * old, *to = entries + i * words;
+            for (Py_ssize_t j = t->width - 1; j >= 1; j--) { /* above the header, from the last one */
+                uint64_t w[3] = {0, 0, 0};
+                if (!(from[3] & WHOLE))
+                    fp_dest(from, FP_DW_NARROW, (size_t)(j - 1), w);
+                memcpy(to + HDR + FP_DW_WIDE * (j - 1), w, sizeof(w));
+            }
+            memmove(to, from, HDR * 8);
+        }
+    }
+    t->dw = FP_DW_WIDE;
+    t->words = words;
     return 0;
 }
 
@@ -878,7 +948,7 @@ static int Table_init(Table *t, PyObject *args, PyObject *kwds) {
 static void clear_all(Table *t) {
     /* detach first, then drop references (a finalizer then sees an empty table) */
     uint64_t *entries = t->entries;
-    size_t n = t->n, words = t->words, ebytes = entries_bytes(t);
+    size_t n = t->n, words = t->words, dw = t->dw, ebytes = entries_bytes(t);
     PyObject *shared[MAX_SHARED];
     int nshared = t->nshared;
     memcpy(shared, t->shared, sizeof(shared));
@@ -891,7 +961,7 @@ static void clear_all(Table *t) {
     t->shared_bytes = 0;
     size_t ignored = 0;
     for (size_t i = 0; i < n; i++)
-        release_words(t, entries + i * words, &ignored);
+        release_words(t, entries + i * words, dw, &ignored);
     arr_free(entries, ebytes);
     for (int i = 0; i < nshared; i++)
         Py_DECREF(shared[i]);
@@ -965,7 +1035,8 @@ static int store(Table *t, PyObject *key, PyObject *value) {
     uint64_t h[2];
     key_hash((const uint8_t *)PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key), h);
     uint64_t stack[HDR + 3 * 15];
-    uint64_t *fresh = t->words <= sizeof(stack) / 8 ? stack : PyMem_Malloc(t->words * 8);
+    size_t ww = wide_words(t);
+    uint64_t *fresh = ww <= sizeof(stack) / 8 ? stack : PyMem_Malloc(ww * 8); /* the wide layout */
     if (fresh == NULL) {
         PyErr_NoMemory();
         return -1;
@@ -976,6 +1047,12 @@ static int store(Table *t, PyObject *key, PyObject *value) {
     int rc = pack(t, key, value, fresh, &own);
     if (rc < 0)
         goto done;
+    if (t->dw == FP_DW_NARROW && !fits_narrow(t, fresh) && widen(t) < 0) {
+        size_t ignored = 0;
+        release_words(t, fresh, FP_DW_WIDE, &ignored);
+        rc = -1;
+        goto done;
+    }
     int found = 0;
     size_t s = 0;
     if (t->n)
@@ -985,28 +1062,28 @@ static int store(Table *t, PyObject *key, PyObject *value) {
         uint64_t *old = PyMem_Malloc(t->words * 8);
         if (old == NULL) {
             size_t ignored = 0;
-            release_words(t, fresh, &ignored);
+            release_words(t, fresh, FP_DW_WIDE, &ignored);
             PyErr_NoMemory();
             rc = -1;
             goto done;
         }
         memcpy(old, e, t->words * 8);
-        memcpy(e, fresh, t->words * 8);
+        put_entry(t, e, fresh);
         size_t freed = 0;
         t->owned += own;
-        release_words(t, old, &freed);
+        release_words(t, old, t->dw, &freed);
         t->owned -= freed;
         PyMem_Free(old);
         goto done;
     }
     if (reserve_one(t) < 0) {
         size_t ignored = 0;
-        release_words(t, fresh, &ignored);
+        release_words(t, fresh, FP_DW_WIDE, &ignored);
         rc = -1;
         goto done;
     }
     s = find_slot(t, h, &found);
-    memcpy(entry_at(t, t->n), fresh, t->words * 8);
+    put_entry(t, entry_at(t, t->n), fresh);
     t->index[s] = (uint32_t)(t->n + 1);
     t->n++;
     t->owned += own;
@@ -1023,7 +1100,7 @@ static PyObject *take_slot(Table *t, size_t s, PyObject *key) {
         return NULL;
     remove_slot(t, s);
     size_t freed = 0;
-    release_words(t, c.e, &freed); /* the entry's own references */
+    release_words(t, c.e, FP_DW_WIDE, &freed); /* the entry's own references (the copy is wide) */
     t->owned -= freed;
     maybe_shrink(t);
     return unpack(&c, key);
@@ -1145,6 +1222,8 @@ static PyObject *Table_values(Table *t, PyObject *Py_UNUSED(ignored)) {
 
 static PyObject *Table_get_width(Table *t, void *Py_UNUSED(closure)) { return PyLong_FromSsize_t(t->width); }
 
+static PyObject *Table_get_words(Table *t, void *Py_UNUSED(closure)) { return PyLong_FromSize_t(t->words); }
+
 static PyMethodDef Table_methods[] = {
     {"get", (PyCFunction)(void (*)(void))Table_get, METH_FASTCALL,
      "get(key, default=None): the decision stored for key (rebuilt, with this key object), or default"},
@@ -1163,6 +1242,9 @@ static PyMethodDef Table_methods[] = {
 
 static PyGetSetDef Table_getset[] = {
     {"width", (getter)Table_get_width, NULL, "decisions per entry (0 until the first value)", NULL},
+    {"words", (getter)Table_get_words, NULL,
+     "8-byte words an entry takes: 4, then 2 a destination (narrow: every destination sent under the "
+     "input's metric) or 3 once one was not (0 until the first value)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1239,6 +1321,8 @@ static void api_prefetch(PyObject *table, const uint64_t h[2], int entry) {
 
 static Py_ssize_t api_width(PyObject *table) { return ((Table *)table)->width; }
 
+static size_t api_dest_words(PyObject *table) { return ((Table *)table)->dw; }
+
 static PyObject *api_shared(PyObject *table, int i) {
     Table *t = (Table *)table;
     return i >= 0 && i < t->nshared ? t->shared[i] : NULL;
@@ -1254,7 +1338,7 @@ static Py_ssize_t api_edit(const uint8_t *p, size_t n, uint64_t aux, const char 
 }
 
 static fp_table_api table_api = {FP_API_VERSION, &TableType, api_lookup, api_hash, api_find, api_prefetch,
-                                  api_width, api_shared, api_edit, api_hash2};
+                                  api_width, api_dest_words, api_shared, api_edit, api_hash2};
 
 /* ---- module functions ------------------------------------------------------------------------- */
 

@@ -16,6 +16,11 @@
  * output label bytes come from (FP_LB_*), then per mode: OWN aux & ~7 is the bytes object; SHARED
  * bits 3-10 index the shared objects; EDIT bits 3-7 the run's shared index + 1 (see edit()); KEY
  * and SHARED bits 11-63 the external labels' position + 1 (0: none).
+ *
+ * A table holds each destination in FP_DW_WIDE words [id ref aux] until one is sent under a metric
+ * other than the input's; before that in FP_DW_NARROW words (8 bytes less a destination):
+ * [id aux] for SENT (ref: the input's metric, in_ref), [ref FP_NARROW_OTHER] for any other kind
+ * (an aux no SENT decision has: LB_KEY with bits 3-10 set). fp_dest reads either into [id ref aux].
  */
 #ifndef GPU_RELAY_FASTPATH_H
 #define GPU_RELAY_FASTPATH_H
@@ -25,7 +30,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define FP_API_VERSION 2
+#define FP_API_VERSION 3
 
 /* ---- relay.native._cwire: the request's items ------------------------------------------------------- */
 
@@ -87,6 +92,27 @@ enum { FP_K_NONE = 0, FP_K_SENT = 1, FP_K_SHARED = 2, FP_K_TUPLE = 3 };
 enum { FP_LB_KEY = 0, FP_LB_OWN = 1, FP_LB_SHARED = 2, FP_LB_EDIT = 3 };
 #define FP_WHOLE 1u
 #define FP_HDR 4 /* words before the destinations */
+#define FP_DW_WIDE 3
+#define FP_DW_NARROW 2
+#define FP_NARROW_OTHER ((uint64_t)1 << 3)
+
+/* destination j (0: the first after the input) of entry e, whose destinations take dw words each, as
+   the wide words w = [id ref aux]; e is not stored whole (in_ref without FP_WHOLE) */
+static inline void fp_dest(const uint64_t *e, size_t dw, size_t j, uint64_t w[3]) {
+    const uint64_t *d = e + FP_HDR + dw * j;
+    if (dw == FP_DW_WIDE) {
+        w[0] = d[0];
+        w[1] = d[1];
+        w[2] = d[2];
+    } else if (d[1] == FP_NARROW_OTHER) {
+        w[0] = w[2] = 0;
+        w[1] = d[0];
+    } else {
+        w[0] = d[0];
+        w[1] = e[3] | FP_K_SENT;
+        w[2] = d[1];
+    }
+}
 
 typedef struct {
     int version;
@@ -99,6 +125,7 @@ typedef struct {
     const uint64_t *(*find)(PyObject *table, const uint64_t h[2]);
     void (*prefetch)(PyObject *table, const uint64_t h[2], int entry); /* 0: the index slot, 1: the entry */
     Py_ssize_t (*width)(PyObject *table); /* decisions per entry (0: none stored yet) */
+    size_t (*dest_words)(PyObject *table); /* words a destination of its entries takes (fp_dest) */
     PyObject *(*shared)(PyObject *table, int i); /* borrowed, NULL when there is no such object */
     /* The output label bytes of an EDIT aux for key p[0:n] with the run (NULL: none): their length,
        written to out when out is not NULL; -1 when the key does not split into label entries. */

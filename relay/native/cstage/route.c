@@ -89,6 +89,7 @@ PyObject *route_hits(PyObject *module, PyObject *args) {
     if (nd < 1 || table_api->width(table) != nd + 1)
         Py_RETURN_NOTIMPLEMENTED;
     const uint8_t *b = (const uint8_t *)PyBytes_AS_STRING(body);
+    size_t dw = table_api->dest_words(table);
     fp_items it;
     int ok = wire_api->parse(b, PyBytes_GET_SIZE(body), &it);
     if (ok <= 0) {
@@ -196,7 +197,9 @@ PyObject *route_hits(PyObject *module, PyObject *args) {
         h.in_id = e[2];
         HitDest *hd = &dests[nh * nd];
         for (Py_ssize_t j = 0; j < nd; j++) {
-            if (!hit_dest(table, b, &h, e + FP_HDR + 3 * j, &hd[j])) {
+            uint64_t w[3];
+            fp_dest(e, dw, (size_t)j, w);
+            if (!hit_dest(table, b, &h, w, &hd[j])) {
                 for (Py_ssize_t k = 0; k < j; k++) {
                     Py_CLEAR(hd[k].obj);
                     Py_CLEAR(hd[k].lbobj);

@@ -357,22 +357,27 @@ def test_values_are_every_decision_with_none_where_the_key_was() -> None:
         [((None, 1, "m"), (None, 2, "m")), ((None, 3, "m"), (EXT, 4 | 1 << POS_SHIFT, "m"))], key=repr)
 
 
-def _decision(i: int, own: bool) -> tuple[Any, ...]:
+def _decision(i: int, own: bool, out_metric: str = "m") -> tuple[Any, ...]:
     key = b"series-%d" % i
     lb = (b"own-labels-%d" % i) * 3 if own else key
-    return ((key, i, "m"), (lb, i | CLAIM, "m"), DROPS[0], (EXT, i | 2 << POS_SHIFT, "m"))
+    return ((key, i, "m"), (lb, i | CLAIM, "m"), DROPS[0], (EXT, i | 2 << POS_SHIFT, out_metric))
 
 
-def test_nbytes_counts_packed_entries_and_the_bytes_only_they_hold() -> None:
+@pytest.mark.parametrize(("out_metric", "dest_bytes"), [
+    ("m", 16),  # every destination sent under the input's metric: narrow, (id, aux) a destination
+    ("renamed", 24),  # one under another metric: wide, (id, ref, aux)
+])
+def test_nbytes_counts_packed_entries_and_the_bytes_only_they_hold(out_metric: str, dest_bytes: int) -> None:
     plain, own = cd.DecisionTable(4), cd.DecisionTable(4)
     assert plain.nbytes() == 0
     for i in range(1000):
-        d = _decision(i, False)
+        d = _decision(i, False, out_metric)
         plain[d[0][0]] = d
-        d = _decision(i, True)
+        d = _decision(i, True, out_metric)
         own[d[0][0]] = d
     per_entry = plain.nbytes() / 1000
-    assert 16 + 16 + 3 * 24 <= per_entry <= 16 + 16 + 3 * 24 + 11  # hash, input, 3 dests, index
+    assert plain.words * 8 == 16 + 16 + 3 * dest_bytes
+    assert 16 + 16 + 3 * dest_bytes <= per_entry <= 16 + 16 + 3 * dest_bytes + 11  # hash, input, dests, index
     extra = (own.nbytes() - plain.nbytes()) / 1000  # each owned label bytes object: header + ~40
     assert 60 <= extra <= 100
     for i in range(1000):
@@ -504,3 +509,105 @@ def test_a_table_past_a_mebibyte_grows_shrinks_and_clears_through_its_own_mappin
     assert len(t) == n and t[keys[-1]] == ((keys[-1], n - 1, "m"), None)
     t.clear()
     assert len(t) == 0 and t.nbytes() == 0 and t.get(keys[0]) is None
+
+
+# ---- narrow and wide entries -------------------------------------------------------------------------
+
+def _label_key(i: int) -> bytes:
+    return wire.encode_labels([("__name__", "m"), ("gpu", str(i % 8)), ("instance", f"10.0.{i // 250}.{i % 250}"),
+                               ("pod", f"p{i}")])
+
+
+def _every_kind(i: int, key: bytes, metric: str) -> tuple[Any, ...]:
+    """A decision with a destination of every kind a narrow table packs, all sent under ``metric``."""
+    pruned = wire.encode_labels([("__name__", "m"), ("gpu", str(i % 8)), ("instance", f"10.0.{i // 250}.{i % 250}")])
+    return ((key, i, metric), None, DROPS[i % 3], (b"aggregated", -1 - i % 3, metric),
+            (EXT, i | (i % 7 + 1) << POS_SHIFT, metric), (b"own-%d" % i, i | CLAIM, metric), (key, i, metric),
+            (pruned + EXT, i | CLAIM, metric))
+
+
+def test_a_narrow_table_turns_wide_for_a_decision_under_another_metric_and_keeps_every_entry() -> None:
+    """Every destination kind in the narrow layout, a table past a mebibyte (entries mremap'd as
+    they widen), one decision renaming the metric: every entry reads back as stored, and the
+    references held come back after clear."""
+    metric, renamed = sys.intern("a_metric_only_the_widening_test_uses"), sys.intern("renamed_by_the_rules")
+    n = 12_000
+    keys = [_label_key(i) for i in range(n)]
+    before = [sys.getrefcount(metric), sys.getrefcount(renamed)]
+    stored = {k: _every_kind(i, k, metric) for i, k in enumerate(keys)}
+    t = cd.DecisionTable(8)
+    for k in keys:
+        t[k] = stored[k]
+    assert t.words == 4 + 2 * 7 and t.nbytes() > 1 << 20
+    narrow = t.nbytes()
+    assert all(t[k] == v for k, v in stored.items())
+    key = keys[17]
+    stored[key] = ((key, 17, metric), None, None, None, None, None, (key, 17, renamed), None)
+    t[key] = stored[key]
+    assert t.words == 4 + 3 * 7
+    assert abs(t.nbytes() - narrow - n * 7 * 8) < 1000  # 8 bytes more a destination (entry 17 holds less)
+    assert len(t) == n and all(t[k] == v for k, v in stored.items())
+    fresh = _label_key(n)
+    stored[fresh] = _every_kind(n, fresh, metric)
+    t[fresh] = stored[fresh]  # the wide layout from now on, whatever the decision
+    assert t.words == 4 + 3 * 7 and t[fresh] == stored[fresh]
+    digest, value = t.popitem()
+    assert digest == cd.digest(fresh) and same_without_key(value, stored.pop(fresh), fresh)
+    assert t.pop(keys[0]) == stored.pop(keys[0])
+    assert all(t[k] == v for k, v in stored.items())
+    t.clear()
+    del stored, value
+    gc.collect()
+    assert [sys.getrefcount(metric), sys.getrefcount(renamed)] == before
+
+
+def test_a_new_table_is_narrow_whatever_its_generation_before_was() -> None:
+    wide = cd.DecisionTable(2)
+    wide[b"a"] = ((b"a", 1, "m"), (b"a", 2, "other"))
+    assert wide.words == 4 + 3
+    young = cd.DecisionTable(wide.width)  # what DecisionCache makes at a swap
+    young[b"a"] = ((b"a", 1, "m"), (b"a", 2, "m"))
+    assert young.words == 4 + 2 and cd.DecisionTable().words == 0
+
+
+def _under_the_input_metric(value: Any) -> Any:
+    """value with every destination that may be sent (bytes, a non-negative int id) under the input's
+    metric: what a narrow table keeps narrow"""
+    if not (isinstance(value, tuple) and len(value) == WIDTH and isinstance(value[0], tuple) and len(value[0]) == 3):
+        return value
+    m = value[0][2]
+    return (value[0], *[(d[0], d[1], m) if isinstance(d, tuple) and len(d) == 3 and isinstance(d[1], int)
+                        and d[1] >= 0 and d[0] else d for d in value[1:]])
+
+
+class NarrowTableVsDict(TableVsDict):
+    """The same machine on a table that stays narrow until the rule ``rename`` stores a decision under
+    another metric (values stored whole and unusual destinations keep their own metric)."""
+
+    @rule(key=KEYS, data=st.data())
+    def set_new(self, key: bytes, data: st.DataObject) -> None:
+        value = _under_the_input_metric(data.draw(decisions(key)))
+        self.table[key] = value
+        self.model[key] = value
+        self.keys.append(key)
+
+    @rule(data=st.data())
+    def set_existing(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(self.keys))
+        value = _under_the_input_metric(data.draw(decisions(key)))
+        self.table[bytes(bytearray(key))] = value
+        self.model[key] = value
+
+    @precondition(lambda self: len(self.model) > 20)
+    @rule(key=KEYS)
+    def rename(self, key: bytes) -> None:
+        value = ((key, 1, "m"), None, (key, 2, "renamed"), DROPS[0], None)
+        self.table[key] = value
+        self.model[key] = value
+        self.keys.append(key)
+        assert self.table.words == 4 + 3 * (WIDTH - 1)
+
+
+NarrowTableVsDict.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck))
+test_a_narrow_decision_table_answers_like_a_dict = NarrowTableVsDict.TestCase

@@ -59,6 +59,11 @@ CONFIGS = {
 """ + "  - name: plain\n" + DEST + "    send_metadata: true\n    queue: {max_shards: 4}\n",
     "limits reached": "destinations:\n  - name: a\n" + DEST
     + "    limits: {max_series: 5, max_series_per_metric: 3, window: 60s}\n",
+    # a metric renamed by the rules: the decision cache's table turns wide (the others stay narrow)
+    "one metric renamed": "external_labels: {cluster: c}\ndestinations:\n  - name: a\n" + DEST + """\
+    write_relabel_configs:
+      - {source_labels: [__name__], regex: 'x_total', target_label: __name__, replacement: 'x_renamed_total'}
+""",
 }
 METRICS = ["m_a", "m_b", "x_total", "other"]
 

@@ -60,20 +60,65 @@ print("ok", failed)
 """
 
 
-def test_native_tables_that_cannot_grow_raise_memoryerror_and_keep_every_entry(tmp_path: Path) -> None:
+def _run_script(tmp_path: Path, text: str, *args: str) -> None:
+    """text as a script in a fresh interpreter (its own address space limit), which prints "ok"."""
     import subprocess
     import sys
 
+    script = tmp_path / "limits.py"
+    script.write_text(text)
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120,
+                          cwd=REPO_ROOT)
+    assert done.returncode == 0 and done.stdout.startswith("ok"), (done.stdout, done.stderr[-2000:])
+
+
+def test_native_tables_that_cannot_grow_raise_memoryerror_and_keep_every_entry(tmp_path: Path) -> None:
     from relay import native
     from relay.state.stage import POS_SHIFT
 
     if native.load("cdcache") is None or native.load("cstage") is None:
         pytest.skip("native modules off or not built")
-    script = tmp_path / "oos.py"
-    script.write_text(_OUT_OF_SPACE)
-    done = subprocess.run([sys.executable, str(script), str(POS_SHIFT)], capture_output=True, text=True,
-                          timeout=120, cwd=REPO_ROOT)
-    assert done.returncode == 0 and done.stdout.startswith("ok"), (done.stdout, done.stderr[-2000:])
+    _run_script(tmp_path, _OUT_OF_SPACE, str(POS_SHIFT))
+
+
+_WIDEN_OUT_OF_SPACE = r"""
+import resource, sys
+from relay import native
+cd = native.load("cdcache")
+if cd is None:
+    print("skip"); sys.exit(0)
+n = 200_000
+keys = [b"series-%d" % i for i in range(n)]
+t = cd.DecisionTable(2)
+for i, k in enumerate(keys):  # narrow: 48 bytes an entry, in a mapping of its own
+    t[k] = ((k, i, "m"), (k, i | 1 << 64, "m"))
+assert t.words == 6
+renamed = ((b"renamed", 1, "m"), (b"renamed", 2, "other"))
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+with open("/proc/self/statm") as f:
+    used = int(f.read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (used + (1 << 20), hard))  # not the 3 MiB more the wide array needs
+try:
+    t[b"renamed"] = renamed
+    failed = False
+except MemoryError:
+    failed = True
+resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+assert failed and t.words == 6 and len(t) == n and b"renamed" not in t
+assert all(t[k] == ((k, i, "m"), (k, i | 1 << 64, "m")) for i, k in enumerate(keys))
+t[b"renamed"] = renamed  # room again: the table turns wide
+assert t.words == 7 and len(t) == n + 1 and t[b"renamed"] == renamed
+assert all(t[k] == ((k, i, "m"), (k, i | 1 << 64, "m")) for i, k in enumerate(keys))
+print("ok")
+"""
+
+
+def test_a_decision_table_that_cannot_turn_wide_raises_memoryerror_and_keeps_every_entry(tmp_path: Path) -> None:
+    from relay import native
+
+    if native.load("cdcache") is None:
+        pytest.skip("native modules off or not built")
+    _run_script(tmp_path, _WIDEN_OUT_OF_SPACE)
 
 
 def _trackers() -> list[str]:
