@@ -40,7 +40,7 @@ from relay.control.destinations import (
 from relay.control.overview import destination_overview
 from relay.delivery.queue.durable import QueueError, RequestTooLargeError, StorageError
 from relay.delivery.transport import HttpTransport, Transport
-from relay.ingest import wire
+from relay.ingest import wire, wire_errors
 from relay.ingest.request_body import decode_body
 from relay.ingest.scrape import Scraper, ScrapeTarget
 from relay.ingest.server import Reply
@@ -257,7 +257,7 @@ class Runtime:
             counts = decoded.counts
         except wire.WireError as e:
             if decoded is not None:  # the route refused it (either core): the text names the series and field
-                e = wire.route_error(e, decoded.raw, 1 if decoded.counts is None else 2)
+                e = wire_errors.route_error(e, decoded.raw, 1 if decoded.counts is None else 2)
             return self._answer(e.status, str(e))
         except RequestTooLargeError as e:
             return self._answer(413, f"request too large for the queue: {_one_line(e)}")

@@ -467,3 +467,14 @@ def locate_v2(buf: bytes) -> Location | None:
         at, path, value = min(negative)
         return Location(path, at, f"negative enum value {value}")
     return None
+
+
+# ---- the bound on the error path -------------------------------------------------------------------
+
+LOCATE_MAX_BYTES = 4 << 20  # a refused body larger than this is not walked to word its 400
+
+
+def not_located(message: str, size: int) -> str:
+    """A refusal's text when its body is too large to be walked (``LOCATE_MAX_BYTES``): the walk costs
+    a few times the parse, and a sender of large malformed bodies must not cost more than valid ones."""
+    return f"{message} (not located: the body has {size} bytes, over {LOCATE_MAX_BYTES >> 20} MiB)"

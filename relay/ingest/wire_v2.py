@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError
 
 from relay import native
 from relay.common.protowire import WireError, encode_int64, encode_len, encode_uvarint
-from relay.ingest.wire_locate import locate_v2
+from relay.ingest.wire_locate import LOCATE_MAX_BYTES, locate_v2, not_located
 from relay.proto import remote_v2_pb2 as v2pb
 
 _HISTOGRAM_TYPES = (3, 4)  # HISTOGRAM, GAUGEHISTOGRAM: classic series carry _bucket/_count/_sum
@@ -31,6 +31,7 @@ _SUMMARY_TYPE = 5
 _DOUBLE = struct.Struct("<d")
 _ZERO8 = bytes(8)
 _U1 = [bytes((i,)) for i in range(128)]
+_NOT_V2 = "malformed protobuf: not a valid io.prometheus.write.v2.Request"
 DEFAULT_MAX_BYTES = 32 << 20  # relay.config.ServerConfig.max_request_bytes
 
 
@@ -122,9 +123,11 @@ def py_v2_to_v1(raw: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, 
     try:
         request = v2pb.Request.FromString(raw)
     except DecodeError:
+        if len(raw) > LOCATE_MAX_BYTES:
+            raise WireError(400, not_located(_NOT_V2, len(raw))) from None
         where = locate_v2(raw)  # the error path only: valid bodies never walk twice
         if where is None:
-            raise WireError(400, "malformed protobuf: not a valid io.prometheus.write.v2.Request") from None
+            raise WireError(400, _NOT_V2) from None
         raise WireError(400, f"malformed protobuf at {where}") from None
     out: list[bytes] = []
     try:

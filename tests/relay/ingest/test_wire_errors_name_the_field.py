@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 from relay.common.protowire import WireError, encode_int64, encode_len, encode_uvarint
 from relay.config.config import load_config
 from relay.control.service import Runtime
-from relay.ingest import wire, wire_v2
-from relay.ingest.wire_locate import Location, locate_v1, locate_v2, schema_fields
+from relay.ingest import wire, wire_errors, wire_v2
+from relay.ingest.wire_locate import LOCATE_MAX_BYTES, Location, locate_v1, locate_v2, schema_fields
 from relay.proto import remote_v2_pb2 as v2pb
 from tests.relay.ingest import wire_fields as wf
 
@@ -244,6 +244,28 @@ def test_rw2_text_gives_path_byte_and_reason_in_one_line(runtime: Runtime) -> No
         400, f"malformed protobuf at Request.timeseries[1].samples[0].timestamp (byte {at}): truncated varint")
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_refused_body_over_the_locate_bound_is_not_walked_and_says_so(runtime: Runtime, version: int) -> None:
+    """The walk that names the field costs a few times the parse: a body over LOCATE_MAX_BYTES keeps the
+    parser's refusal and says why it names no field, so large malformed bodies cost no more than valid ones."""
+    if version == 1:
+        good = GOOD * (LOCATE_MAX_BYTES // len(GOOD) + 1)
+        raw, bad = good + series(NAME, encode_len(2, b"\x10\xff")), "truncated varint"
+    else:
+        one = v2_series(v2_sample())
+        raw = v2_body(one * (LOCATE_MAX_BYTES // len(one) + 1), v2_series(encode_len(2, b"\x10\xff")))
+        bad = "not a valid io.prometheus.write.v2.Request"
+    assert len(raw) > LOCATE_MAX_BYTES
+    status, text = post(runtime, version, raw)
+    assert status == 400
+    assert bad in text and " at " not in text, text
+    assert text.endswith(f"(not located: the body has {len(raw)} bytes, over {LOCATE_MAX_BYTES >> 20} MiB)"), text
+    if version == 1:  # a body just under the bound, its last series cut short: located again
+        n = (LOCATE_MAX_BYTES - len(GOOD)) // len(GOOD)
+        status, text = post(runtime, 1, GOOD * n + GOOD[:-3])
+        assert (status, f" at WriteRequest.timeseries[{n}] " in text) == (400, True), text
+
+
 def outcome(fn: Any) -> tuple[Any, ...]:
     try:
         return ("ok", fn())
@@ -417,7 +439,7 @@ def test_a_refused_rw1_body_keeps_the_routes_reason_and_names_a_field_of_the_sch
     error = v1_route_error(raw)
     if error is None:
         return
-    worded = wire.route_error(error, raw, 1)
+    worded = wire_errors.route_error(error, raw, 1)
     m = WORDED.fullmatch(worded.message)
     assert worded.status == 400 and m is not None, worded.message
     if m["reason"] is not None:

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from relay.common.protowire import WireError
 from relay.config.config import load_config
 from relay.control.service import Runtime
-from relay.ingest import request_body, wire, wire_v2
+from relay.ingest import request_body, wire, wire_errors, wire_v2
 from relay.rules.label_codec import py_decode_key
 from tests.relay.ingest.wire_fields import v1_requests, v2_requests
 
@@ -95,7 +95,7 @@ def reference_answer(version: int, encoding: str, body: bytes, n: int,
     try:
         return routed(wire._route_loop, v1, n, decide)
     except WireError as e:
-        raise wire.route_error(e, v1, version) from None
+        raise wire_errors.route_error(e, v1, version) from None
 
 
 def routed(loop: Any, v1: bytes, n: int, decide: Callable[[bytes], wire.Decision]) -> tuple[Any, ...]:
