@@ -23,7 +23,8 @@ from google.protobuf.message import DecodeError
 
 from relay import native
 from relay.common.protowire import WireError, encode_int64, encode_len, encode_uvarint
-from relay.ingest.wire_locate import LOCATE_MAX_BYTES, locate_v2, not_located
+from relay.ingest.wire_locate import LOCATE_MAX_BYTES, not_located
+from relay.ingest.wire_locate_v2 import locate_v2
 from relay.proto import remote_v2_pb2 as v2pb
 
 _HISTOGRAM_TYPES = (3, 4)  # HISTOGRAM, GAUGEHISTOGRAM: classic series carry _bucket/_count/_sum

@@ -30,7 +30,8 @@ from relay.common.protowire import WireError, encode_int64, encode_len, encode_u
 from relay.config.config import load_config
 from relay.control.service import Runtime
 from relay.ingest import wire, wire_errors, wire_v2
-from relay.ingest.wire_locate import LOCATE_MAX_BYTES, Location, locate_v1, locate_v2, schema_fields
+from relay.ingest.wire_locate import LOCATE_MAX_BYTES, Location, locate_v1, schema_fields
+from relay.ingest.wire_locate_v2 import locate_v2
 from relay.proto import remote_v2_pb2 as v2pb
 from tests.relay.ingest import wire_fields as wf
 
