@@ -23,6 +23,7 @@ as a whole, its decision cache and every other per-series structure included. Th
     .venv/bin/python bench/relay_series_bench.py                 # first sight on 63,000 series; memory at 1M
     .venv/bin/python bench/relay_series_bench.py 1000000 2000000 5000000  # memory at 1M, 2M, 5M: ~14 min, 5 GiB
     .venv/bin/python bench/relay_series_bench.py --memory 300000   # memory only, at 300k series: ~2 min
+    .venv/bin/python bench/relay_series_bench.py --memory --steady 300000   # and after the minute's upkeep: ~3 min
     .venv/bin/python bench/relay_series_bench.py --compare /work/main [--first-sight] [--repeat 2]
 
 ``--compare PATH``: the first-sight figures (in process, and end to end unless ``--first-sight``) of this
@@ -312,15 +313,20 @@ class MemRow:
     rss_mib: float
     delta_mib: float
     cpu_us: float  # relay CPU per new series while getting from the previous size to this one
+    steady_mib: float | None = None  # growth once the relay's minute upkeep ran (expire, trim); None: not waited
 
     @property
     def bytes_per_series(self) -> float:
         return self.delta_mib * 2**20 / self.series
 
 
-def memory(sizes: Sequence[int], work: Path) -> tuple[float, float, list[MemRow]]:
+UPKEEP_S = 60  # relay.control.service: the pipeline's expire (and its malloc trim) runs once a minute
+
+
+def memory(sizes: Sequence[int], work: Path, steady: bool = False) -> tuple[float, float, list[MemRow]]:
     """One pass-through relay grown through ``sizes`` distinct series; returns (RSS after warm-up in MiB,
-    peak RSS in MiB, one row per size)."""
+    peak RSS in MiB, one row per size). ``steady``: at each size, also the growth once the relay's minute
+    upkeep has run after the delivery (the RSS a sidecar keeps at that size, not the one right after a burst)."""
     warm = cluster_series(2, ISSUE9_OTHER_PER_NODE, first_node=WARM_NODE)
     warm_reqs = build_requests(warm, 3)
     rx = VictoriaMetrics(work / "rx")
@@ -346,7 +352,11 @@ def memory(sizes: Sequence[int], work: Path) -> tuple[float, float, list[MemRow]
                     raise RuntimeError(f"memory at {size}: receiver stored {got} samples of {created} series, "
                                        f"expected {3 * len(warm) + size} of {len(warm) + size}")
                 rss = status_kib(proc.pid, "VmRSS") / 1024
-                rows.append(MemRow(size, rss, rss - base, 1e6 * cpu / (size - have)))
+                settled = None
+                if steady:
+                    time.sleep(UPKEEP_S + 5)  # one upkeep (at most a minute apart) after the last sample
+                    settled = status_kib(proc.pid, "VmRSS") / 1024 - base
+                rows.append(MemRow(size, rss, rss - base, 1e6 * cpu / (size - have), settled))
                 have = size
             peak = status_kib(proc.pid, "VmHWM") / 1024
             proc.alive()
@@ -363,6 +373,11 @@ def memory_table(base: float, peak: float, rows: Sequence[MemRow]) -> str:
     for r in rows:
         lines.append(f"{r.series:>10,} {r.rss_mib:>6.1f} MiB {r.delta_mib:>6.1f} MiB {r.bytes_per_series:>9,.0f} "
                      f"{r.cpu_us:>12.1f} us")
+    steady = [r for r in rows if r.steady_mib is not None]
+    if steady:
+        lines.append(f"Once the relay's minute upkeep ran (pipeline expire + malloc trim, {UPKEEP_S + 5} s later):")
+        lines += [f"{r.series:>10,} growth {r.steady_mib:>6.1f} MiB  {r.steady_mib * 2**20 / r.series:>5,.0f} B/series"
+                  for r in steady if r.steady_mib is not None]
     return "\n".join(lines) + "\n"
 
 
@@ -450,7 +465,7 @@ def main(argv: list[str]) -> int:
     sizes = [int(a) for a in argv if a.isdigit()] or [1_000_000]
     if "--memory" in argv:
         with tempfile.TemporaryDirectory() as td:
-            print(memory_table(*memory(sizes, Path(td) / "mem")), end="")
+            print(memory_table(*memory(sizes, Path(td) / "mem", "--steady" in argv)), end="")
         return 0
     rows = [in_process(name, rules, shape, 8 if quick else 40, 1 if quick else 3)
             for name, rules in RULE_SETS for shape in SHAPES]
