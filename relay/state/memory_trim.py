@@ -17,11 +17,25 @@ finished), on a timer thread a moment later (``SETTLE_S``: the connection has fr
 read) and at most once per ``min_interval_s``, never for a small request; the request path itself
 never trims. A trim costs a walk over the free chunks (milliseconds for a few hundred MB). Where the
 C library is not glibc, nothing is done (False).
+
+``malloc_trim`` gives back the free chunks inside every arena, and the main heap's top, but not the
+top of a thread's arena (glibc 2.36): that only shrinks in ``free``, on a block of 64 KiB or more, once
+the top is past the trim threshold. A peak of concurrent requests leaves each thread arena it used with
+a free top (up to 8 arenas a core): under the threshold (8 MiB here) it stays for good; past it, it
+stays too when the blocks came back by a path that does not trim (``malloc_trim``'s own consolidation).
+Freed blocks of the usual size grow those tops: the pure-Python route's per-series slices (~300 KB
+each) left 115-280 MB in 63 MiB heaps after 24 concurrent 31 MiB writes, and large bodies are then
+cut from those tops instead of being mmapped. So the peak's trim is :func:`trim_arenas`:
+``malloc_trim``, then short threads, one in each arena, free a block there under glibc's default
+threshold (``TOUCH_TRIM_THRESHOLD``), which gives its top back: 2-3 MB left after each burst.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -30,24 +44,40 @@ from typing import Any
 LARGE_REQUEST_BYTES = 4 << 20  # a request body this large (as sent or decoded) is a peak worth trimming after
 MIN_INTERVAL_S = 1.0  # the write path trims at most this often
 SETTLE_S = 0.2  # after a peak's last large request: time for its connection to send the reply and free the body
+TOUCH_BYTES = 96 << 10  # freed in each arena: >= 64 KiB (free() trims the top past that), < 128 KiB (never mmapped)
+TOUCH_TRIM_THRESHOLD = 128 << 10  # glibc's default M_TRIM_THRESHOLD: while the arenas are touched
+TOUCH_WAIT_S = 2.0  # the most a touching thread waits for the others
 
 
 def _glibc() -> Any | None:
     try:
         libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version  # noqa: B018 (glibc's own symbol: musl has no malloc_trim)
-        trim = libc.malloc_trim
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        libc.malloc_trim.restype = ctypes.c_int
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        libc.mallopt.restype = ctypes.c_int
+        libc.malloc.argtypes = [ctypes.c_size_t]
+        libc.malloc.restype = ctypes.c_void_p
+        libc.free.argtypes = [ctypes.c_void_p]
+        libc.free.restype = None
+        libc.open_memstream.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)]
+        libc.open_memstream.restype = ctypes.c_void_p
+        libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.malloc_info.restype = ctypes.c_int
+        libc.fclose.argtypes = [ctypes.c_void_p]
+        libc.fclose.restype = ctypes.c_int
     except (OSError, AttributeError):
         return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return trim
+    return libc
 
 
-_TRIM = _glibc()
+_LIBC = _glibc()
+_TRIM = None if _LIBC is None else _LIBC.malloc_trim
 # malloc.h: mallopt's parameters; setting either turns glibc's dynamic thresholds off
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_trim_threshold: int | None = None  # what map_large_blocks set (None: glibc's dynamic thresholds)
 
 
 def map_large_blocks(threshold: int = LARGE_REQUEST_BYTES) -> bool:
@@ -55,12 +85,13 @@ def map_large_blocks(threshold: int = LARGE_REQUEST_BYTES) -> bool:
     given back by ``free`` past twice that (what glibc's dynamic rule would pick for this threshold,
     so the usual requests' blocks do not go back and forth to the system). True when glibc took both.
     Called once when the relay's runtime is built."""
-    if _TRIM is None:
+    global _trim_threshold
+    if _LIBC is None:
         return False
-    mallopt = ctypes.CDLL(None).mallopt
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, threshold)) and bool(mallopt(_M_TRIM_THRESHOLD, 2 * threshold))
+    if _LIBC.mallopt(_M_MMAP_THRESHOLD, threshold) and _LIBC.mallopt(_M_TRIM_THRESHOLD, 2 * threshold):
+        _trim_threshold = 2 * threshold
+        return True
+    return False
 
 
 def trim() -> bool:
@@ -68,14 +99,99 @@ def trim() -> bool:
     return _TRIM is not None and bool(_TRIM(0))
 
 
+def arenas() -> int:
+    """The malloc arenas in the process (the main one and the threads'), from ``malloc_info``; 0
+    where the C library is not glibc."""
+    if _LIBC is None:
+        return 0
+    buf, size = ctypes.c_void_p(), ctypes.c_size_t()
+    stream = _LIBC.open_memstream(ctypes.byref(buf), ctypes.byref(size))
+    if not stream:
+        return 0
+    try:
+        _LIBC.malloc_info(0, stream)
+    finally:
+        _LIBC.fclose(stream)
+    try:
+        return ctypes.string_at(buf.value, size.value).count(b"<heap nr=") if buf.value else 0
+    finally:
+        _LIBC.free(buf.value)
+
+
+def arena_limit() -> int:
+    """How many arenas glibc makes at most: ``glibc.malloc.arena_max`` (GLIBC_TUNABLES, or its old
+    name MALLOC_ARENA_MAX), else 8 a core."""
+    tunable = re.search(r"(?:^|:)glibc\.malloc\.arena_max=(\d+)", os.environ.get("GLIBC_TUNABLES", ""))
+    value = tunable.group(1) if tunable else os.environ.get("MALLOC_ARENA_MAX", "")
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    return 8 * (os.cpu_count() or 1)
+
+
+def _touch() -> None:
+    """A block freed in this thread's arena: ``free`` gives the arena's top back past the threshold."""
+    assert _LIBC is not None
+    _LIBC.free(_LIBC.malloc(TOUCH_BYTES))
+
+
+def _touch_all(n: int) -> None:
+    """:func:`_touch` here and in ``n`` new threads that wait for each other: a new thread takes an
+    arena no running thread holds (while they all wait, each holds its own) and, once there are as
+    many arenas as glibc makes, the next one round the ring, held or not."""
+    _touch()
+    if n <= 0:
+        return
+    barrier = threading.Barrier(n + 1)
+
+    def touch_and_wait() -> None:
+        _touch()
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait(TOUCH_WAIT_S)
+
+    threads = []
+    for _ in range(n):
+        t = threading.Thread(target=touch_and_wait, name="gpu-relay-trim", daemon=True)
+        try:
+            t.start()
+        except RuntimeError:  # no more threads: the ones started go on
+            barrier.abort()
+            break
+        threads.append(t)
+    with contextlib.suppress(threading.BrokenBarrierError):
+        barrier.wait(TOUCH_WAIT_S)
+    for t in threads:
+        t.join(TOUCH_WAIT_S)
+
+
+def trim_arenas() -> bool:
+    """:func:`trim`, then the free tops of the threads' arenas, which it leaves (its consolidation
+    even moves free chunks into them): short threads, one per arena (two where glibc's limit is
+    reached), and this one free a block in theirs under ``TOUCH_TRIM_THRESHOLD``, then the threshold
+    is put back. Costs up to 32 threads on 2 cores: after a peak, never per request."""
+    if _LIBC is None:
+        return False
+    trimmed = trim()
+    if _trim_threshold is not None:  # (where glibc's dynamic thresholds stand, setting one would end them)
+        _LIBC.mallopt(_M_TRIM_THRESHOLD, TOUCH_TRIM_THRESHOLD)
+    try:
+        n = arenas()
+        # the threads' arenas no thread holds (the main one is malloc_trim's); at glibc's limit,
+        # arenas are shared and some are held: then once round the ring as well
+        _touch_all(n - 1 + (n if n >= arena_limit() else 0))
+    finally:
+        if _trim_threshold is not None:
+            _LIBC.mallopt(_M_TRIM_THRESHOLD, _trim_threshold)
+    return trimmed
+
+
 class PeakTrimmer:
-    """Trims after a peak of large requests. Thread-safe. A request runs inside ``with
-    trimmer.request(len(body)) as r:`` and tells ``r.saw(n)`` of any larger size it meets (its
+    """Trims after a peak of large requests (:func:`trim_arenas`). Thread-safe. A request runs inside
+    ``with trimmer.request(len(body)) as r:`` and tells ``r.saw(n)`` of any larger size it meets (its
     decoded bytes); a request that is large at some point counts in flight until its ``with`` ends."""
 
     def __init__(self, large_bytes: int = LARGE_REQUEST_BYTES, min_interval_s: float = MIN_INTERVAL_S, *,
                  settle_s: float = SETTLE_S, clock: Callable[[], float] = time.monotonic,
-                 trim_fn: Callable[[], object] = trim) -> None:
+                 trim_fn: Callable[[], object] = trim_arenas) -> None:
         self.large_bytes = large_bytes
         self.min_interval_s = min_interval_s
         self.settle_s = settle_s

@@ -1,10 +1,12 @@
 """Large request bodies give their memory back (issue 20 point 16): a `gpu-relay run` process gets
-24 concurrent writes of ~31 MiB each (decoded; a few MiB as sent), four times; a moment after a burst
-its RSS (/proc/PID/status) is back within 20 MB of where it was before the first (most often 1-2 MB),
-and never more than one request's working set up: now and then (about one burst in five) one glibc thread arena
-keeps ~47 MiB in use until the next burst (seen with both cores; not freed by malloc_trim, so
-something still refers to it). Before the peak trim 95-190 MB stayed after every burst (276 MB in
-the issue's run)."""
+24 concurrent writes of ~31 MiB each (decoded; 15 MiB as sent), four times; a moment after a burst
+its RSS (/proc/PID/status) is back within 20 MB of where it was before the first, with either core
+(1-1.5 MB left with the native one, 2-3 MB with the pure-Python route), and never more than one
+request's working set up. Before the peak trim 95-190 MB stayed after every burst (276 MB in the
+issue's run). With ``malloc_trim`` alone the free tops of glibc's thread arenas stay: 115-280 MB
+after every burst with the Python route, whose per-series slices grow them (and, likely the same,
+about one burst in five ~47 MiB in one arena with the native core); the peak's trim is now
+relay.state.memory_trim.trim_arenas, which gives them back."""
 
 from __future__ import annotations
 
@@ -14,10 +16,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import pytest
 import snappy
 
-from relay import native
 from relay.ingest import wire
 from tests.e2e.procs import running, start_relay
 from tests.helpers import wait_until
@@ -57,10 +57,6 @@ def _burst(url: str, body: bytes, n: int) -> list[int]:
 
 
 def test_rss_comes_back_after_a_burst_of_concurrent_large_bodies(tmp_path: Path) -> None:
-    if native.load("cstage") is None:
-        # known gap: the pure-Python reference's route leaves 80-370 MB in glibc thread arenas after
-        # each burst even with the peak trim (the relay ships with the native core)
-        pytest.skip("the pure-Python reference does not give a burst's memory back yet")
     series = [((("__name__", "big"), ("i", str(k))), [(1_700_000_000_000 + j, float(j)) for j in range(18_000)])
               for k in range(100)]
     raw = wire.encode_write_request(series)
