@@ -104,6 +104,7 @@ class Runtime:
         gen.commit(self.rm, self.cardinality_metrics, start=False)
         self.config = config
         self.max_request_bytes = config.server.max_request_bytes
+        memory_trim.limit_arenas()  # the connections' threads share an arena, not one each
         memory_trim.map_large_blocks()  # a large body's blocks are unmapped when freed
         self._peak = memory_trim.PeakTrimmer()  # and what a peak of them leaves is trimmed after it
         self.rm.config_last_reload_successful.set(1)
