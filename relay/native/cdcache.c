@@ -6,10 +6,11 @@ answers get/put/eviction as those dicts do.
 A DecisionTable maps raw label bytes to their decision (relay.wire.Decision: one tuple per
 destination, element 0 the input's) like a dict, but stores neither the key bytes nor the tuples:
 
-- Entries are keyed by a keyed 128-bit SipHash-1-3 of the label bytes. The 128-bit key is drawn
-  from os.urandom once per process, so nobody can aim for collisions; two of 5M keys collide with
-  a probability around 5e6^2 / 2^129, about 4e-26: negligible, and the table treats equal hashes
-  as equal keys.
+- Entries are keyed by 112 bits of a keyed 128-bit SipHash-1-3 of the label bytes (the other 16
+  bits of its second word hold a compact entry's destination). The 128-bit key is drawn from
+  os.urandom once per process, so nobody can aim for collisions; two of 5M keys collide with a
+  probability around 5e6^2 / 2^113, about 2e-21: negligible, and the table treats equal hashes as
+  equal keys.
 - Entries live in one dense array (n entries, fixed size for the table's width: the number of
   decisions per entry), found through an open-addressing index of uint32 (entry + 1; 0 empty;
   linear probing, grown at 3/4 load, shrunk when a quarter of that, backward-shift deletion, so
@@ -100,8 +101,10 @@ static inline void siphash(const uint8_t *in, size_t len, uint64_t k0, uint64_t 
     out[1] = v0 ^ v1 ^ v2 ^ v3;
 }
 
+/* the table's hash of a key: SipHash-1-3-128, the top 16 bits of its second word 0 (FP_H1_MASK) */
 static inline void key_hash(const uint8_t *p, size_t n, uint64_t h[2]) {
     siphash(p, n, sip_k0, sip_k1, 1, 3, 1, h);
+    h[1] &= FP_H1_MASK;
 }
 
 /* key_hash of two keys at once, the same function. A SipRound is one chain of dependent adds,
@@ -157,8 +160,8 @@ static inline void key_hash2(const uint8_t *pa, size_t na, uint64_t ha[2], const
     SIPROUND_AB;
     SIPROUND_AB;
     SIPROUND_AB;
-    ha[1] = a0 ^ a1 ^ a2 ^ a3;
-    hb[1] = b0 ^ b1 ^ b2 ^ b3;
+    ha[1] = (a0 ^ a1 ^ a2 ^ a3) & FP_H1_MASK;
+    hb[1] = (b0 ^ b1 ^ b2 ^ b3) & FP_H1_MASK;
 }
 
 /* ---- entry layout ----------------------------------------------------------------------------
@@ -577,6 +580,8 @@ static void held_free(Held *c) {
         PyMem_Free(c->lbs);
 }
 
+static void expand_entry(const Table *t, size_t dw, const uint64_t *e, uint64_t *out);
+
 static int hold(Table *t, const uint64_t *entry, PyObject *key, Held *c) {
     c->width = t->width;
     c->e = c->stack;
@@ -590,15 +595,15 @@ static int hold(Table *t, const uint64_t *entry, PyObject *key, Held *c) {
             return -1;
         }
     }
-    uint64_t *e = memcpy(c->e, entry, HDR * 8);
+    uint64_t *e = c->e;
+    expand_entry(t, t->dw, entry, e);
     if (e[3] & WHOLE) {
         Py_INCREF((PyObject *)(uintptr_t)(e[3] & ~(uint64_t)WHOLE));
         return 0;
     }
     Py_INCREF((PyObject *)(uintptr_t)e[3]);
     for (Py_ssize_t j = 1; j < t->width; j++) {
-        uint64_t *w = e + HDR + FP_DW_WIDE * (j - 1);
-        fp_dest(entry, t->dw, (size_t)(j - 1), w);
+        const uint64_t *w = e + HDR + FP_DW_WIDE * (j - 1);
         PyObject *o = (PyObject *)(uintptr_t)(w[1] & ~(uint64_t)3), *lb = NULL;
         Py_XINCREF(o);
         if ((w[1] & 3) == K_SENT) {
@@ -738,7 +743,7 @@ static inline size_t find_slot(Table *t, const uint64_t h[2], int *found) {
             return s;
         }
         const uint64_t *e = entry_at(t, v - 1);
-        if (e[0] == h[0] && e[1] == h[1]) {
+        if (e[0] == h[0] && (e[1] & FP_H1_MASK) == h[1]) {
             *found = 1;
             return s;
         }
@@ -822,9 +827,9 @@ static void remove_slot(Table *t, size_t s) {
     t->index[i] = 0;
     size_t last = t->n - 1;
     if (hole != last) {
-        uint64_t *from = entry_at(t, last);
+        uint64_t *from = entry_at(t, last), h[2] = {from[0], from[1] & FP_H1_MASK};
         int found;
-        size_t ls = find_slot(t, from, &found);
+        size_t ls = find_slot(t, h, &found);
         memcpy(entry_at(t, hole), from, t->words * 8);
         t->index[ls] = (uint32_t)(hole + 1);
     }
@@ -869,66 +874,102 @@ static int set_width(Table *t, Py_ssize_t width) {
         return -1;
     }
     t->width = width;
-    t->dw = FP_DW_NARROW;
+    t->dw = width == 2 ? FP_DW_COMPACT : FP_DW_NARROW;
     t->words = HDR + t->dw * (size_t)(width - 1);
     return 0;
 }
 
-/* whether entry e (wide layout) fits a narrow table: every destination sent under the input's metric */
-static int fits_narrow(const Table *t, const uint64_t *e) {
+#define NO_COMPACT UINT64_MAX
+
+/* The compact aux (fastpath.h) of wide destination w of an input under metric in_ref, or NO_COMPACT:
+   sent under another metric, label bytes edited or of its own, a position past the limit. */
+static uint64_t compact_aux(const uint64_t *w, uint64_t in_ref) {
+    if ((w[1] & 3) != K_SENT)
+        return FP_COMPACT_OTHER;
+    uint64_t aux = w[2], mode = (aux >> 1) & 3, idx = (aux >> 3) & 0xff, pos1 = aux >> 11;
+    if ((w[1] & ~(uint64_t)3) != in_ref || (mode != LB_KEY && mode != LB_SHARED) || idx > 15
+        || pos1 >= FP_COMPACT_POS_LIMIT)
+        return NO_COMPACT;
+    return (aux & 1) | (uint64_t)(mode == LB_SHARED) << 1 | idx << 2 | pos1 << 6;
+}
+
+/* The layout (words a destination) entry e (wide layout) needs at the least: wide once a destination
+   is sent under a metric other than the input's. */
+static size_t layout_for(const Table *t, const uint64_t *e) {
     if (e[3] & WHOLE)
-        return 1;
+        return FP_DW_COMPACT;
+    size_t need = t->width == 2 ? FP_DW_COMPACT : FP_DW_NARROW;
     for (Py_ssize_t j = 1; j < t->width; j++) {
         const uint64_t *w = e + HDR + FP_DW_WIDE * (j - 1);
         if ((w[1] & 3) == K_SENT && (w[1] & ~(uint64_t)3) != e[3])
-            return 0;
+            return FP_DW_WIDE;
+        if (need == FP_DW_COMPACT && compact_aux(w, e[3]) == NO_COMPACT)
+            need = FP_DW_NARROW;
     }
-    return 1;
+    return need;
 }
 
-/* entry e (wide layout) into dst in the table's layout */
-static void put_entry(const Table *t, uint64_t *dst, const uint64_t *e) {
-    if (t->dw == FP_DW_WIDE) {
-        memcpy(dst, e, t->words * 8);
+/* Entry e (wide layout, the key hash without an aux) into dst, dw words a destination (a layout
+   layout_for allows). No SENT aux is FP_NARROW_OTHER (LB_KEY's bits 3-10 are 0), no compact one
+   FP_COMPACT_OTHER (its position is under the limit). */
+static void put_entry(const Table *t, size_t dw, uint64_t *dst, const uint64_t *e) {
+    if (dw == FP_DW_WIDE) {
+        memcpy(dst, e, wide_words(t) * 8);
         return;
     }
     memcpy(dst, e, HDR * 8);
+    int whole = (e[3] & WHOLE) != 0;
     for (Py_ssize_t j = 1; j < t->width; j++) {
         const uint64_t *w = e + HDR + FP_DW_WIDE * (j - 1);
-        uint64_t *d = dst + HDR + FP_DW_NARROW * (j - 1);
-        int sent = (w[1] & 3) == K_SENT && !(e[3] & WHOLE);
+        uint64_t *d = dst + HDR + dw * (size_t)(j - 1);
+        int sent = (w[1] & 3) == K_SENT && !whole;
         d[0] = sent ? w[0] : w[1];
-        d[1] = sent ? w[2] : FP_NARROW_OTHER; /* (no SENT aux is FP_NARROW_OTHER: LB_KEY's bits 3-10 are 0) */
+        if (dw == FP_DW_NARROW)
+            d[1] = sent ? w[2] : FP_NARROW_OTHER;
+        else if (!whole)
+            dst[1] |= compact_aux(w, e[3]) << 48;
     }
 }
 
-/* A narrow table's entries in the wide layout, for good (in place, from the last entry down: each
-   one's new place starts at or after its old one); -1 with MemoryError and the table as it was. */
-static int widen(Table *t) {
-    size_t words = wide_words(t), old = t->words;
+/* Entry e, dw words a destination, into the wide layout at out (the key hash without an aux). */
+static void expand_entry(const Table *t, size_t dw, const uint64_t *e, uint64_t *out) {
+    memcpy(out, e, HDR * 8);
+    out[1] &= FP_H1_MASK;
+    for (Py_ssize_t j = 1; j < t->width; j++) {
+        uint64_t *w = out + HDR + FP_DW_WIDE * (j - 1);
+        if (e[3] & WHOLE)
+            w[0] = w[1] = w[2] = 0;
+        else
+            fp_dest(e, dw, (size_t)(j - 1), w);
+    }
+}
+
+/* The table's entries in a layout of dw (more) words a destination, for good: in place, from the
+   last entry down (each one's new place starts at or after its old one, which is read whole
+   first); -1 with MemoryError and the table as it was. */
+static int widen(Table *t, size_t dw) {
+    size_t words = HDR + dw * (size_t)(t->width - 1), old = t->words, ww = wide_words(t);
     if (t->entries != NULL) {
-        if (t->cap > SIZE_MAX / 8 / words) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        uint64_t *entries = arr_realloc(t->entries, entries_bytes(t), t->cap * words * 8);
+        uint64_t stack[HDR + 3 * 15];
+        uint64_t *tmp = ww <= sizeof(stack) / 8 ? stack : PyMem_Malloc(ww * 8);
+        uint64_t *entries = NULL;
+        if (tmp != NULL && t->cap <= SIZE_MAX / 8 / words)
+            entries = arr_realloc(t->entries, entries_bytes(t), t->cap * words * 8);
         if (entries == NULL) {
+            if (tmp != stack)
+                PyMem_Free(tmp);
             PyErr_NoMemory();
             return -1;
         }
         t->entries = entries;
         for (size_t i = t->n; i-- > 0;) {
-            uint64_t *from = entries + i * old, *to = entries + i * words;
-            for (Py_ssize_t j = t->width - 1; j >= 1; j--) { /* above the header, from the last one */
-                uint64_t w[3] = {0, 0, 0};
-                if (!(from[3] & WHOLE))
-                    fp_dest(from, FP_DW_NARROW, (size_t)(j - 1), w);
-                memcpy(to + HDR + FP_DW_WIDE * (j - 1), w, sizeof(w));
-            }
-            memmove(to, from, HDR * 8);
+            expand_entry(t, t->dw, entries + i * old, tmp);
+            put_entry(t, dw, entries + i * words, tmp);
         }
+        if (tmp != stack)
+            PyMem_Free(tmp);
     }
-    t->dw = FP_DW_WIDE;
+    t->dw = dw;
     t->words = words;
     return 0;
 }
@@ -1047,7 +1088,8 @@ static int store(Table *t, PyObject *key, PyObject *value) {
     int rc = pack(t, key, value, fresh, &own);
     if (rc < 0)
         goto done;
-    if (t->dw == FP_DW_NARROW && !fits_narrow(t, fresh) && widen(t) < 0) {
+    size_t need = layout_for(t, fresh);
+    if (need > t->dw && widen(t, need) < 0) {
         size_t ignored = 0;
         release_words(t, fresh, FP_DW_WIDE, &ignored);
         rc = -1;
@@ -1068,7 +1110,7 @@ static int store(Table *t, PyObject *key, PyObject *value) {
             goto done;
         }
         memcpy(old, e, t->words * 8);
-        put_entry(t, e, fresh);
+        put_entry(t, t->dw, e, fresh);
         size_t freed = 0;
         t->owned += own;
         release_words(t, old, t->dw, &freed);
@@ -1083,7 +1125,7 @@ static int store(Table *t, PyObject *key, PyObject *value) {
         goto done;
     }
     s = find_slot(t, h, &found);
-    put_entry(t, entry_at(t, t->n), fresh);
+    put_entry(t, t->dw, entry_at(t, t->n), fresh);
     t->index[s] = (uint32_t)(t->n + 1);
     t->n++;
     t->owned += own;
@@ -1168,13 +1210,13 @@ static PyObject *Table_popitem(Table *t, PyObject *Py_UNUSED(ignored)) {
     unsigned char digest[16];
     for (int i = 0; i < 8; i++) {
         digest[i] = (unsigned char)(last[0] >> (8 * i));
-        digest[8 + i] = (unsigned char)(last[1] >> (8 * i));
+        digest[8 + i] = (unsigned char)((last[1] & FP_H1_MASK) >> (8 * i));
     }
     PyObject *d = PyBytes_FromStringAndSize((const char *)digest, 16);
     if (d == NULL)
         return NULL;
     int found;
-    uint64_t h[2] = {last[0], last[1]};
+    uint64_t h[2] = {last[0], last[1] & FP_H1_MASK};
     size_t s = find_slot(t, h, &found);
     PyObject *v = take_slot(t, s, Py_None);
     if (v == NULL) {
@@ -1243,8 +1285,9 @@ static PyMethodDef Table_methods[] = {
 static PyGetSetDef Table_getset[] = {
     {"width", (getter)Table_get_width, NULL, "decisions per entry (0 until the first value)", NULL},
     {"words", (getter)Table_get_words, NULL,
-     "8-byte words an entry takes: 4, then 2 a destination (narrow: every destination sent under the "
-     "input's metric) or 3 once one was not (0 until the first value)", NULL},
+     "8-byte words an entry takes: 4, then a destination 1 (compact: one destination, sent with the key's "
+     "or a shared object's label bytes, or not sent), 2 (narrow: every destination sent under the input's "
+     "metric) or 3 once one was not; 0 until the first value", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1403,7 +1446,8 @@ out:
 }
 
 static PyMethodDef module_methods[] = {
-    {"digest", (PyCFunction)mod_digest, METH_O, "digest(key): the table's 16-byte keyed hash of key"},
+    {"digest", (PyCFunction)mod_digest, METH_O,
+     "digest(key): the table's 16-byte keyed hash of key (112 bits: its last 2 bytes are 0)"},
     {"digest_pair", (PyCFunction)mod_digest_pair, METH_VARARGS,
      "digest_pair(a, b): (digest(a), digest(b)) as the two-key hash computes them"},
     {"siphash", (PyCFunction)mod_siphash, METH_VARARGS,

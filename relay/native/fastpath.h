@@ -20,7 +20,11 @@
  * A table holds each destination in FP_DW_WIDE words [id ref aux] until one is sent under a metric
  * other than the input's; before that in FP_DW_NARROW words (8 bytes less a destination):
  * [id aux] for SENT (ref: the input's metric, in_ref), [ref FP_NARROW_OTHER] for any other kind
- * (an aux no SENT decision has: LB_KEY with bits 3-10 set). fp_dest reads either into [id ref aux].
+ * (an aux no SENT decision has: LB_KEY with bits 3-10 set). A table of one destination starts in
+ * FP_DW_COMPACT, one word, while its decisions are not sent, or sent with the key's label bytes or a
+ * shared object's put in at byte 1021 at the most (pass-through, with or without external labels):
+ * [id] with the aux in h1's top 16 bits (FP_H1_MASK: the key hash is 112 bits), or [ref] with
+ * FP_COMPACT_OTHER there. fp_dest reads any of them into [id ref aux].
  */
 #ifndef GPU_RELAY_FASTPATH_H
 #define GPU_RELAY_FASTPATH_H
@@ -94,23 +98,36 @@ enum { FP_LB_KEY = 0, FP_LB_OWN = 1, FP_LB_SHARED = 2, FP_LB_EDIT = 3 };
 #define FP_HDR 4 /* words before the destinations */
 #define FP_DW_WIDE 3
 #define FP_DW_NARROW 2
+#define FP_DW_COMPACT 1
 #define FP_NARROW_OTHER ((uint64_t)1 << 3)
+#define FP_H1_MASK ((UINT64_C(1) << 48) - 1) /* the key hash's bits of word 1; above: a compact entry's aux */
+#define FP_COMPACT_OTHER UINT64_C(0xffff)
+/* A compact aux (16 bits): bit 0 the claim, bit 1 the label bytes from a shared object (else the
+   key), bits 2-5 its index, bits 6-15 the position + 1 (at most 1022: 0xffff is FP_COMPACT_OTHER). */
+#define FP_COMPACT_POS_LIMIT 1023
+
+/* the wide aux of a compact one */
+static inline uint64_t fp_compact_aux(uint64_t a) {
+    return (a & 1) | ((a >> 1 & 1) ? (uint64_t)FP_LB_SHARED << 1 : (uint64_t)FP_LB_KEY << 1) | (a >> 2 & 15) << 3
+           | (a >> 6) << 11;
+}
 
 /* destination j (0: the first after the input) of entry e, whose destinations take dw words each, as
    the wide words w = [id ref aux]; e is not stored whole (in_ref without FP_WHOLE) */
 static inline void fp_dest(const uint64_t *e, size_t dw, size_t j, uint64_t w[3]) {
     const uint64_t *d = e + FP_HDR + dw * j;
+    uint64_t aux = dw == FP_DW_NARROW ? d[1] : e[1] >> 48;
     if (dw == FP_DW_WIDE) {
         w[0] = d[0];
         w[1] = d[1];
         w[2] = d[2];
-    } else if (d[1] == FP_NARROW_OTHER) {
+    } else if (aux == (dw == FP_DW_NARROW ? FP_NARROW_OTHER : FP_COMPACT_OTHER)) {
         w[0] = w[2] = 0;
         w[1] = d[0];
     } else {
         w[0] = d[0];
         w[1] = e[3] | FP_K_SENT;
-        w[2] = d[1];
+        w[2] = dw == FP_DW_NARROW ? aux : fp_compact_aux(aux);
     }
 }
 

@@ -463,7 +463,8 @@ def test_outputs_made_from_the_key_by_the_rules_keep_no_copy() -> None:
         pruned[key] = ((key, i, "m"), (out, i | CLAIM, "m"))
         got = pruned[bytes(bytearray(key))]
         assert got == ((key, i, "m"), (out, i | CLAIM, "m"))
-    assert pruned.nbytes() - plain.nbytes() < 200  # the run "cluster=prod", once
+    assert (plain.words, pruned.words) == (5, 6)  # plain compact, pruned narrow (an edit's aux is 64 bits)
+    assert pruned.nbytes() - plain.nbytes() - 500 * 8 < 200  # that word, and the run "cluster=prod" once
     assert pruned.values()[0][1][0] is None  # made from the key: without one, None
 
 
@@ -561,13 +562,47 @@ def test_a_narrow_table_turns_wide_for_a_decision_under_another_metric_and_keeps
     assert [sys.getrefcount(metric), sys.getrefcount(renamed)] == before
 
 
-def test_a_new_table_is_narrow_whatever_its_generation_before_was() -> None:
+def test_a_new_table_starts_in_its_smallest_layout_whatever_its_generation_before_was() -> None:
     wide = cd.DecisionTable(2)
     wide[b"a"] = ((b"a", 1, "m"), (b"a", 2, "other"))
     assert wide.words == 4 + 3
     young = cd.DecisionTable(wide.width)  # what DecisionCache makes at a swap
     young[b"a"] = ((b"a", 1, "m"), (b"a", 2, "m"))
-    assert young.words == 4 + 2 and cd.DecisionTable().words == 0
+    assert young.words == 4 + 1 and cd.DecisionTable().words == 0 and cd.DecisionTable(3).words == 4 + 2 * 2
+
+
+def _pruned(key: bytes) -> bytes:
+    return b"".join(entries(key)[1:]) + EXT
+
+
+@pytest.mark.parametrize(("name", "dest", "words"), [
+    # one destination: compact (1 word: its id; the aux in the hash's top 16 bits) while the output
+    # label bytes are the key's or a shared object's put in at position 1021 at the most
+    ("the key", lambda k: (k, 7, "m"), 5),
+    ("the key, claimed", lambda k: (k, 7 | CLAIM, "m"), 5),
+    ("external labels at 0", lambda k: (EXT, 7 | 1 << POS_SHIFT, "m"), 5),
+    ("external labels at 1021", lambda k: (EXT, 7 | CLAIM | 1022 << POS_SHIFT, "m"), 5),
+    ("a drop", lambda k: DROPS[1], 5),
+    ("None", lambda k: None, 5),
+    ("aggregated", lambda k: (b"agg", -3, "m"), 5),
+    ("external labels at 1022", lambda k: (EXT, 7 | 1023 << POS_SHIFT, "m"), 6),  # narrow: (id, aux)
+    ("its own bytes", lambda k: (b"own bytes", 7, "m"), 6),
+    ("an edit of the key", lambda k: (_pruned(k), 7 | CLAIM, "m"), 6),
+    ("another metric", lambda k: (k, 7, "renamed"), 7),  # wide: (id, ref, aux)
+])
+def test_a_table_of_one_destination_takes_the_layout_its_decisions_need(name: str, dest: Any, words: int) -> None:
+    t = cd.DecisionTable(2)
+    keys = [wire.encode_labels([("__name__", "m"), ("gpu", str(i)), ("zone", "z")]) for i in range(300)]
+    for i, k in enumerate(keys):  # compact decisions first
+        t[k] = ((k, i, "m"), (EXT, i | CLAIM | (i + 1) << POS_SHIFT, "m") if i % 2 else (k, i, "m"))
+    assert t.words == 5
+    odd = keys[0] + b"\n\x03\n\x01q"
+    t[odd] = ((odd, 1, "m"), dest(odd))
+    assert t.words == words and t[odd] == ((odd, 1, "m"), dest(odd)), name
+    assert all(t[k] == ((k, i, "m"), (EXT, i | CLAIM | (i + 1) << POS_SHIFT, "m") if i % 2 else (k, i, "m"))
+               for i, k in enumerate(keys))
+    digest, got = t.popitem()
+    assert digest == cd.digest(odd) and same_without_key(got, ((odd, 1, "m"), dest(odd)), odd)
 
 
 def _under_the_input_metric(value: Any) -> Any:
@@ -611,3 +646,61 @@ class NarrowTableVsDict(TableVsDict):
 NarrowTableVsDict.TestCase.settings = settings(
     max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck))
 test_a_narrow_decision_table_answers_like_a_dict = NarrowTableVsDict.TestCase
+
+
+@st.composite
+def one_destination(draw: st.DrawFn, key: bytes) -> Any:
+    """A decision of width 2 (or a shape stored whole), its destination mostly under the input's metric"""
+    value = draw(decisions(key))
+    if draw(st.integers(0, 9)):
+        value = _under_the_input_metric(value)
+    return value[:2] if isinstance(value, tuple) and len(value) == WIDTH and isinstance(value[0], tuple) else value
+
+
+class CompactTableVsDict(TableVsDict):
+    """The machine on a table of one destination: compact until a decision needs more (its own
+    label bytes, an edit, a far position: narrow), wide after ``rename``."""
+
+    @initialize()
+    def start(self) -> None:
+        self.table = cd.DecisionTable(2)
+        self.model = {}
+        self.keys = [b""]
+
+    @rule(key=KEYS, data=st.data())
+    def set_new(self, key: bytes, data: st.DataObject) -> None:
+        value = data.draw(one_destination(key))
+        self.table[key] = value
+        self.model[key] = value
+        self.keys.append(key)
+
+    @rule(data=st.data())
+    def set_existing(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(self.keys))
+        value = data.draw(one_destination(key))
+        self.table[bytes(bytearray(key))] = value
+        self.model[key] = value
+
+    @rule(n=st.integers(1, 600), data=st.data())
+    def set_many(self, n: int, data: st.DataObject) -> None:
+        base = data.draw(st.binary(max_size=20))
+        for i in range(n):
+            key = base + i.to_bytes(3, "little")
+            value = ((key, i, "m"), (EXT, i | (i % 1500 + 1) << POS_SHIFT, "m") if i % 3 else DROPS[i % 2])
+            self.table[key] = value
+            self.model[key] = value
+        self.keys.append(base + b"\0\0\0")
+
+    @precondition(lambda self: len(self.model) > 20)
+    @rule(key=KEYS)
+    def rename(self, key: bytes) -> None:
+        value = ((key, 1, "m"), (key, 2, "renamed"))
+        self.table[key] = value
+        self.model[key] = value
+        self.keys.append(key)
+        assert self.table.words == 4 + 3
+
+
+CompactTableVsDict.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck))
+test_a_compact_decision_table_answers_like_a_dict = CompactTableVsDict.TestCase

@@ -111,7 +111,7 @@ def test_table_load_stays_within_0_68_and_0_85_as_it_grows() -> None:
         if i >= 100 and i % 37 == 0:
             loads.append(i / t.capacity())
     t.check()
-    assert 0.68 <= min(loads) and max(loads) <= 0.85
+    assert min(loads) >= 0.68 and max(loads) <= 0.85
     assert 0.74 <= sum(loads) / len(loads) <= 0.78
 
 

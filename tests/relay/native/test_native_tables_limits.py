@@ -90,21 +90,21 @@ if cd is None:
 n = 200_000
 keys = [b"series-%d" % i for i in range(n)]
 t = cd.DecisionTable(2)
-for i, k in enumerate(keys):  # narrow: 48 bytes an entry, in a mapping of its own
+for i, k in enumerate(keys):  # compact: 40 bytes an entry, in a mapping of its own
     t[k] = ((k, i, "m"), (k, i | 1 << 64, "m"))
-assert t.words == 6
+assert t.words == 5
 renamed = ((b"renamed", 1, "m"), (b"renamed", 2, "other"))
 soft, hard = resource.getrlimit(resource.RLIMIT_AS)
 with open("/proc/self/statm") as f:
     used = int(f.read().split()[0]) * resource.getpagesize()
-resource.setrlimit(resource.RLIMIT_AS, (used + (1 << 20), hard))  # not the 3 MiB more the wide array needs
+resource.setrlimit(resource.RLIMIT_AS, (used + (1 << 20), hard))  # not the 6 MiB more the wide array needs
 try:
     t[b"renamed"] = renamed
     failed = False
 except MemoryError:
     failed = True
 resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-assert failed and t.words == 6 and len(t) == n and b"renamed" not in t
+assert failed and t.words == 5 and len(t) == n and b"renamed" not in t
 assert all(t[k] == ((k, i, "m"), (k, i | 1 << 64, "m")) for i, k in enumerate(keys))
 t[b"renamed"] = renamed  # room again: the table turns wide
 assert t.words == 7 and len(t) == n + 1 and t[b"renamed"] == renamed
