@@ -18,8 +18,10 @@ every occurrence re-decided), ``unbounded`` (every series cached, what a relay w
 
 Columns ``tables`` (bytes of the trackers' C tables, relay.native._cstage, per series; "-" for the Python
 reference) and ``cache est`` (the decision cache's own estimate of its bytes, per series) break the
-RSS figure down. The header says whether the native core was in use (``GPU_RELAY_NATIVE=0``: the
-reference).
+RSS figure down. ``past 1st`` is the RSS delta from the end of the first request on, over the series
+after it: B/series without what the first request leaves whatever N is (the decoder's scratch, the
+bench's own request bytes, the first arenas: about 6 MiB, 20 B/series at 300k). The header says
+whether the native core was in use (``GPU_RELAY_NATIVE=0``: the reference).
 """
 
 from __future__ import annotations
@@ -102,11 +104,15 @@ def measure(n: int, config_name: str, cache: str, known_round: bool = True) -> d
     gc.collect()
     before = rss_bytes()
     first_s = 0.0
+    warm = 0
     for start in range(0, n, PER_REQUEST):
         body = request(start, t_base)
         t0 = time.process_time()
         p.route(body)
         first_s += time.process_time() - t0
+        if not start:
+            gc.collect()
+            warm = rss_bytes()
     del body
     gc.collect()
     after = rss_bytes()
@@ -127,7 +133,7 @@ def measure(n: int, config_name: str, cache: str, known_round: bool = True) -> d
                  "collision_owners:amp": -1}
         cached = len(p.cache)
     return {
-        "n": n, "config": config_name, "cache": cache, "rss_delta": after - before,
+        "n": n, "config": config_name, "cache": cache, "rss_delta": after - before, "past_first": after - warm,
         "first_us": first_s / n * 1e6, "known_us": known_s / n * 1e6, "cache_entries": cached,
         "in": sizes["in"], "out": sizes["out:amp"], "owners": sizes["collision_owners:amp"],
         "tables": tables, "cache_est": cache_est,
@@ -158,23 +164,27 @@ def main(argv: list[str]) -> int:
         rows = [tuple(r.split(":", 1)) for r in argv[i + 1].split(",")]  # type: ignore[misc]
         argv = argv[:i] + argv[i + 2:]
     sizes = [int(a) for a in argv] or [100_000, 1_000_000]
-    header = (f"{'series':>9}  {'rules':<12} {'cache':<9} {'B/series':>8}  {'RSS delta':>9}  {'first':>8}  "
-              f"{'known':>7}  {'cached':>9}  {'in':>9}  {'out':>9}  {'owners':>9}  {'tables':>6}  {'cache est':>9}")
+    header = (f"{'series':>9}  {'rules':<12} {'cache':<9} {'B/series':>8}  {'RSS delta':>9}  {'past 1st':>8}  "
+              f"{'first':>8}  {'known':>7}  {'cached':>9}  {'in':>9}  {'out':>9}  {'owners':>9}  {'tables':>6}  "
+              f"{'cache est':>9}")
     sys.path.insert(0, str(ROOT))
     from relay import native
 
     core = "relay.native._cstage (C tables)" if native.load("cstage") is not None else "pure-Python reference"
     print("gpu-relay pipeline (route: decode, rules, accounting, limits, collisions; one dry-run destination,")
     print("external_labels {cluster}), dcgm-like series of ~330 label bytes. B/series: RSS delta after one round")
-    print("over N distinct series / N. first / known: us per series on the first / second round.")
+    print("over N distinct series / N (past 1st: from the end of the first request on). first / known: us per")
+    print("series on the first / second round.")
     print(f"per-series state: {core}; tables, cache est: bytes per series of the C tables / the cache's estimate")
     print(header)
     print("-" * len(header))
     for n in sizes:
         for config_name, cache in rows:
             r = run_child(n, config_name, cache, known_round)
+            past = r["past_first"] / (n - PER_REQUEST) if n > PER_REQUEST else 0.0
             print(f"{n:>9,}  {config_name:<12} {cache:<9} {r['rss_delta'] / n:>8.0f}  "
-                  f"{r['rss_delta'] / 2**20:>5.0f} MiB  {r['first_us']:>5.1f} us  {r['known_us']:>4.1f} us  "
+                  f"{r['rss_delta'] / 2**20:>5.0f} MiB  {past:>8.0f}  {r['first_us']:>5.1f} us  "
+                  f"{r['known_us']:>4.1f} us  "
                   f"{r['cache_entries']:>9,}  {r['in']:>9,}  {r['out']:>9,}  {r['owners']:>9,}  "
                   f"{_per(r.get('tables', 0), n):>6}  {_per(r.get('cache_est', 0), n):>9}", flush=True)
     return 0
