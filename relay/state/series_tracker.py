@@ -9,7 +9,9 @@ key (32-36 bytes). No labels are kept per series.
 The window is cut into ``slots`` time slots (default 60: one minute for the 1 h window). A series
 seen in slot ``g`` is active until slot ``g + slots`` ends, so it leaves between ``window_s`` and
 ``window_s + window_s/slots`` after its last sample. ``expire()`` sweeps at C speed (``map``/
-``compress`` over the dict) and compacts the table when it shrank by half.
+``compress`` over the dict) and compacts the table when it shrank by half; it forgets the slots no
+series refers to any more, and rebuilds a label's values (below) once they lost most of their entries
+(a dict's table never shrinks on delete): after churn, what is left is what the active series need.
 
 Distinct label values are kept apart from series, per metric and label name, as ``hash(value) -> slot
 last supplied`` (values are only counted, so a 48-bit hash stands in for the string, and the slot is
@@ -34,6 +36,7 @@ from __future__ import annotations
 import collections
 import itertools
 import operator
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -49,6 +52,14 @@ _VALUE_MASK = (1 << 48) - 1  # label values are kept as 48-bit hashes
 _GEN_SPAN = 1 << 16
 _GEN_MASK = _GEN_SPAN - 1
 MAX_SLOTS = 1 << 15  # so that a sweep always brings _vbase within the span
+
+
+def _sparse_bytes(n: int) -> int:
+    """A dict of ``n`` entries holding more than this has lost most of what it once held (a compact
+    one takes 30-60 bytes an entry, ~220 at the least: sys.getsizeof), and is rebuilt: a dict's table
+    never shrinks on delete, so a label's values would keep their peak's table for good."""
+    return 128 * n + 1024
+
 
 _NATIVE = native.load("cstage")
 
@@ -252,12 +263,15 @@ class SeriesTracker:
         """Drop series (and label values) unseen for the window; returns how many series left."""
         cutoff = self._gen() - self._wslots  # slots strictly before this are out of the window
         self._expire_values(cutoff)
-        dead = {s for s in self._slots.values() if s.gen < cutoff}
+        series = self._series
+        # a slot is only handed out for the current time slot, so one no series refers to is never
+        # asked for again: kept, it would outlive its series by up to a window (small objects per
+        # metric and time slot, which keep heap arenas from going back after churn)
+        used = set(series.values())
+        self._slots = {k: s for k, s in self._slots.items() if s in used and s.gen >= cutoff}
+        dead = {s for s in used if s.gen < cutoff}
         if not dead:
             return 0
-        for key in [k for k, s in self._slots.items() if s in dead]:
-            del self._slots[key]
-        series = self._series
         per_slot = collections.Counter(filter(dead.__contains__, series.values()))
         n_dead = sum(per_slot.values())
         if n_dead * 2 > len(series):  # mostly dead: copying the survivors is cheaper, and compacts
@@ -283,10 +297,13 @@ class SeriesTracker:
             for name in list(per_name):
                 values = per_name[name]
                 stale = [v for v, g in values.items() if base + ((g - base) & _GEN_MASK) < cutoff]
+                if len(stale) == len(values):
+                    del per_name[name]
+                    continue
                 for v in stale:
                     del values[v]
-                if not values:
-                    del per_name[name]
+                if stale and sys.getsizeof(values) > _sparse_bytes(len(values)):
+                    per_name[name] = dict(values)  # a compact copy
             if not per_name:
                 del self._values[metric]
         self._vbase = max(base, cutoff)

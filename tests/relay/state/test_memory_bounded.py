@@ -24,9 +24,15 @@ def churn() -> dict[str, Any]:
 
 def test_after_the_window_rss_is_back_within_20_mb_of_its_start(churn: dict[str, Any]) -> None:
     if native.load("cstage") is None:
-        # known gap: the dict reference's trackers leave ~60 MB in pymalloc's arenas after 300k
-        # series (objects per series freed in no order); the relay ships with the native core
-        pytest.skip("the pure-Python reference does not give its per-series objects back yet")
+        # known gap, measured with this child: 43-44 MB stay (61-62 before the trackers rebuilt
+        # their shrunken value tables), all of it pymalloc arenas (19 before the churn, 63-64 at its
+        # peak, 62-64 after, holding 0.7 MB more live blocks than before). An arena goes back only
+        # once every block in it is free, and small objects that outlive the churn sit in most of
+        # the arenas it filled: relay.rules.label_codec's memo entries made during it (cleared only
+        # when full; clearing it at every expire leaves ~30 MB) and the steady state's own objects
+        # (slots, the decision cache's keys, label tables) cut from the churn's partly used pools.
+        # The relay ships with the native core, whose tables are malloc'd arrays.
+        pytest.skip("the pure-Python reference keeps ~44 MB of pymalloc arenas after the churn")
     assert churn["active_in"] >= 300_000 and churn["active_out"] == 5_000  # the churn did happen
     assert churn["active_in_after"] == churn["stable"]
     assert churn["after"] - churn["before"] <= 20 * MiB, churn
