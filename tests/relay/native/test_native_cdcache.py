@@ -134,15 +134,25 @@ def decisions(draw: st.DrawFn, key: bytes) -> Any:
 class TableVsDict(RuleBasedStateMachine):
     """Random set/get/pop/popitem/contains/len/clear on a DecisionTable and on a dict."""
 
+    width = WIDTH
+
+    def decision(self, key: bytes, data: st.DataObject) -> Any:
+        return data.draw(decisions(key))
+
+    def many(self, key: bytes, i: int) -> Any:
+        """set_many's i-th decision"""
+        return ((key, i, "m"), (EXT, i | (i + 1) << POS_SHIFT, "m"), DROPS[i % 3], (key, i, "m"),
+                (b"own%d" % i, i | CLAIM, "m"))
+
     @initialize()
     def start(self) -> None:
-        self.table: Any = cd.DecisionTable(WIDTH)
+        self.table: Any = cd.DecisionTable(self.width)
         self.model: dict[bytes, Any] = {}
         self.keys: list[bytes] = [b""]
 
     @rule(key=KEYS, data=st.data())
     def set_new(self, key: bytes, data: st.DataObject) -> None:
-        value = data.draw(decisions(key))
+        value = self.decision(key, data)
         self.table[key] = value
         self.model[key] = value
         self.keys.append(key)
@@ -150,7 +160,7 @@ class TableVsDict(RuleBasedStateMachine):
     @rule(data=st.data())
     def set_existing(self, data: st.DataObject) -> None:
         key = data.draw(st.sampled_from(self.keys))
-        value = data.draw(decisions(key))
+        value = self.decision(key, data)
         self.table[bytes(bytearray(key))] = value  # an equal key, another object
         self.model[key] = value
 
@@ -160,8 +170,7 @@ class TableVsDict(RuleBasedStateMachine):
         base = data.draw(st.binary(max_size=20))
         for i in range(n):
             key = base + i.to_bytes(3, "little")
-            value = ((key, i, "m"), (EXT, i | (i + 1) << POS_SHIFT, "m"), DROPS[i % 3], (key, i, "m"),
-                     (b"own%d" % i, i | CLAIM, "m"))
+            value = self.many(key, i)
             self.table[key] = value
             self.model[key] = value
         self.keys.append(base + b"\0\0\0")
@@ -515,13 +524,13 @@ def test_a_table_past_a_mebibyte_grows_shrinks_and_clears_through_its_own_mappin
 # ---- narrow and wide entries -------------------------------------------------------------------------
 
 def _label_key(i: int) -> bytes:
-    return wire.encode_labels([("__name__", "m"), ("gpu", str(i % 8)), ("instance", f"10.0.{i // 250}.{i % 250}"),
-                               ("pod", f"p{i}")])
+    return wire.encode_labels((("__name__", "m"), ("gpu", str(i % 8)), ("instance", f"10.0.{i // 250}.{i % 250}"),
+                               ("pod", f"p{i}")))
 
 
 def _every_kind(i: int, key: bytes, metric: str) -> tuple[Any, ...]:
     """A decision with a destination of every kind a narrow table packs, all sent under ``metric``."""
-    pruned = wire.encode_labels([("__name__", "m"), ("gpu", str(i % 8)), ("instance", f"10.0.{i // 250}.{i % 250}")])
+    pruned = wire.encode_labels((("__name__", "m"), ("gpu", str(i % 8)), ("instance", f"10.0.{i // 250}.{i % 250}")))
     return ((key, i, metric), None, DROPS[i % 3], (b"aggregated", -1 - i % 3, metric),
             (EXT, i | (i % 7 + 1) << POS_SHIFT, metric), (b"own-%d" % i, i | CLAIM, metric), (key, i, metric),
             (pruned + EXT, i | CLAIM, metric))
@@ -592,7 +601,7 @@ def _pruned(key: bytes) -> bytes:
 ])
 def test_a_table_of_one_destination_takes_the_layout_its_decisions_need(name: str, dest: Any, words: int) -> None:
     t = cd.DecisionTable(2)
-    keys = [wire.encode_labels([("__name__", "m"), ("gpu", str(i)), ("zone", "z")]) for i in range(300)]
+    keys = [wire.encode_labels((("__name__", "m"), ("gpu", str(i)), ("zone", "z"))) for i in range(300)]
     for i, k in enumerate(keys):  # compact decisions first
         t[k] = ((k, i, "m"), (EXT, i | CLAIM | (i + 1) << POS_SHIFT, "m") if i % 2 else (k, i, "m"))
     assert t.words == 5
@@ -619,28 +628,17 @@ class NarrowTableVsDict(TableVsDict):
     """The same machine on a table that stays narrow until the rule ``rename`` stores a decision under
     another metric (values stored whole and unusual destinations keep their own metric)."""
 
-    @rule(key=KEYS, data=st.data())
-    def set_new(self, key: bytes, data: st.DataObject) -> None:
-        value = _under_the_input_metric(data.draw(decisions(key)))
-        self.table[key] = value
-        self.model[key] = value
-        self.keys.append(key)
-
-    @rule(data=st.data())
-    def set_existing(self, data: st.DataObject) -> None:
-        key = data.draw(st.sampled_from(self.keys))
-        value = _under_the_input_metric(data.draw(decisions(key)))
-        self.table[bytes(bytearray(key))] = value
-        self.model[key] = value
+    def decision(self, key: bytes, data: st.DataObject) -> Any:
+        return _under_the_input_metric(super().decision(key, data))
 
     @precondition(lambda self: len(self.model) > 20)
     @rule(key=KEYS)
     def rename(self, key: bytes) -> None:
-        value = ((key, 1, "m"), None, (key, 2, "renamed"), DROPS[0], None)
+        value = ((key, 1, "m"), (key, 2, "renamed"), *[DROPS[0]] * (self.width - 2))
         self.table[key] = value
         self.model[key] = value
         self.keys.append(key)
-        assert self.table.words == 4 + 3 * (WIDTH - 1)
+        assert self.table.words == 4 + 3 * (self.width - 1)
 
 
 NarrowTableVsDict.TestCase.settings = settings(
@@ -657,48 +655,17 @@ def one_destination(draw: st.DrawFn, key: bytes) -> Any:
     return value[:2] if isinstance(value, tuple) and len(value) == WIDTH and isinstance(value[0], tuple) else value
 
 
-class CompactTableVsDict(TableVsDict):
+class CompactTableVsDict(NarrowTableVsDict):
     """The machine on a table of one destination: compact until a decision needs more (its own
     label bytes, an edit, a far position: narrow), wide after ``rename``."""
 
-    @initialize()
-    def start(self) -> None:
-        self.table = cd.DecisionTable(2)
-        self.model = {}
-        self.keys = [b""]
+    width = 2
 
-    @rule(key=KEYS, data=st.data())
-    def set_new(self, key: bytes, data: st.DataObject) -> None:
-        value = data.draw(one_destination(key))
-        self.table[key] = value
-        self.model[key] = value
-        self.keys.append(key)
+    def decision(self, key: bytes, data: st.DataObject) -> Any:
+        return data.draw(one_destination(key))
 
-    @rule(data=st.data())
-    def set_existing(self, data: st.DataObject) -> None:
-        key = data.draw(st.sampled_from(self.keys))
-        value = data.draw(one_destination(key))
-        self.table[bytes(bytearray(key))] = value
-        self.model[key] = value
-
-    @rule(n=st.integers(1, 600), data=st.data())
-    def set_many(self, n: int, data: st.DataObject) -> None:
-        base = data.draw(st.binary(max_size=20))
-        for i in range(n):
-            key = base + i.to_bytes(3, "little")
-            value = ((key, i, "m"), (EXT, i | (i % 1500 + 1) << POS_SHIFT, "m") if i % 3 else DROPS[i % 2])
-            self.table[key] = value
-            self.model[key] = value
-        self.keys.append(base + b"\0\0\0")
-
-    @precondition(lambda self: len(self.model) > 20)
-    @rule(key=KEYS)
-    def rename(self, key: bytes) -> None:
-        value = ((key, 1, "m"), (key, 2, "renamed"))
-        self.table[key] = value
-        self.model[key] = value
-        self.keys.append(key)
-        assert self.table.words == 4 + 3
+    def many(self, key: bytes, i: int) -> Any:
+        return ((key, i, "m"), (EXT, i | (i % 1500 + 1) << POS_SHIFT, "m") if i % 3 else DROPS[i % 2])
 
 
 CompactTableVsDict.TestCase.settings = settings(
