@@ -387,7 +387,7 @@ class Pipeline(Decider):
             for family in [f for f, t in self.counters.items() if t < horizon]:
                 del self.counters[family]
             self.cache.age(now, self.tracker_in.window_s / 2)
-        memory_trim.trim()
+        memory_trim.trim_arenas()  # the heap and the threads' arenas: malloc_trim alone leaves their tops
 
     def state_sizes(self) -> dict[str, int]:
         """Entries in each per-series or per-name structure (tests, bench, debugging)."""
