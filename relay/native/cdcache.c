@@ -17,13 +17,15 @@ destination, element 0 the input's) like a dict, but stores neither the key byte
   no tombstones). A removed entry's hole is filled by the last entry (popitem pops the last).
 - Each decision is packed: the input as (in_id uint64, metric reference); a destination as
   (sid's low 64 bits, a tagged reference, aux), or without the reference while every destination
-  sent is sent under the input's metric (a "narrow" table: 8 bytes less a destination, a
-  pass-through entry 48 bytes instead of 56; the first decision that is not turns the table wide
-  for good, in one pass over its entries): kind NONE (None), SENT (the reference is the
-  metric; aux has the CLAIM bit, the external-labels position + 1, and where lb comes from: the
-  key, one of the table's shared objects such as a stage's external-labels bytes, or its own bytes
-  object), SHARED (a tuple stored as is and shared by many entries: drops) or TUPLE (anything
-  else, stored as is: aggregated series, unusual shapes). A decision that does not fit at all
+  sent is sent under the input's metric (a "narrow" table: 8 bytes less a destination, 48 bytes
+  an entry of one), or for a table of one destination as its id alone, a 16-bit aux in the hash
+  word, while it is not sent or sent with the key's or a shared object's label bytes (a "compact"
+  table: a pass-through entry 40 bytes instead of 56); the first decision a layout cannot hold
+  turns the table to one that can, for good, in one pass over its entries. Kinds: NONE (None),
+  SENT (the reference is the metric; aux has the CLAIM bit, the external-labels position + 1, and
+  where lb comes from: the key, one of the table's shared objects such as a stage's external-labels
+  bytes, or its own bytes object), SHARED (a tuple stored as is and shared by many entries: drops)
+  or TUPLE (anything else, stored as is: aggregated series, unusual shapes). A decision that does not fit at all
   (not a tuple of the table's width, an input tuple that is not (key, id < 2**64, metric)) is
   stored whole.
 - get() rebuilds an equal tuple with the caller's key object wherever the key was.
