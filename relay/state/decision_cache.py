@@ -7,7 +7,7 @@ one; when the old generation is empty, the young one becomes the old one (O(1)).
 stateless results, so what is evicted or kept never changes any outcome.
 
 Two implementations of a generation, picked at import: the native ``relay.native._cdcache.DecisionTable``
-(relay/native/cdcache.c: no key bytes stored, decisions packed, about 60 bytes per dcgm-like series
+(relay/native/cdcache.c: no key bytes stored, decisions packed, about 47 bytes per dcgm-like series
 instead of ~750; its budget is its real memory, ``nbytes()``), and the reference, a
 ``dict[bytes, Decision]`` whose bytes are estimated by ``entry_bytes`` (GPU_RELAY_NATIVE=0, or the
 extension not built). Both answer ``get``, ``cache[key] = decision``, ``pop``, ``popitem`` and
@@ -116,7 +116,7 @@ class DecisionCache:
         if not n:
             return 0
         if self._table is not None:
-            words: int = 4 + 3 * (cast(Any, self._old).width - 1)  # cdcache.c: HDR + 3 a destination
+            words: int = cast(Any, self._old).words  # cdcache.c: an entry's words in its current layout
             return self._nbytes(self._old) + (resident_entries(self._old_start, n) - n) * words * 8
         return self._old_bytes + (self._old_start - n) * DICT_SLOT
 
