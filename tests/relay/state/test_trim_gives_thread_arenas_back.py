@@ -105,6 +105,7 @@ def test_the_arena_limit_is_glibcs(monkeypatch: pytest.MonkeyPatch, environ: dic
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(os, "cpu_count", lambda: cpus)
+    monkeypatch.setattr(memory_trim, "_arena_max", None)  # as before limit_arenas (a Runtime calls it)
     assert memory_trim.arena_limit() == limit
 
 
