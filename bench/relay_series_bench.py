@@ -15,7 +15,8 @@ send included), in us per new series. Both rounds are fed until the receiver hol
 
 Memory: one fresh pass-through gpu-relay gets distinct dcgm-like series, one sample each, all kept
 and forwarded, until it has seen each size in ``sizes``; at each size (after delivery and a settle)
-its VmRSS is read. Bytes per active series = (RSS - RSS after a warm-up) / series: the relay process
+its VmRSS is read (the relay's quiet time, memory_trim.QUIET_S, plus a second after the last write,
+once its burst trim has run). Bytes per active series = (RSS - RSS after a warm-up) / series: the relay process
 as a whole, its decision cache and every other per-series structure included. The receiver
 (victoria-metrics) must have created exactly that many series and stored exactly those samples.
 
@@ -69,7 +70,7 @@ from relay.common.metrics import RelayMetrics
 from relay.config.config import parse_config
 from relay.ingest import wire
 from relay.rules import label_codec, relabel_regexp, rule_plan
-from relay.state import limits
+from relay.state import limits, memory_trim
 from relay.state.cardinality import CardinalityMetrics, DestinationStats
 from relay.state.pipeline import Pipeline
 from tests.relay.state.first_sight_reference import ref_decide
@@ -346,11 +347,14 @@ def memory(sizes: Sequence[int], work: Path, steady: bool = False) -> tuple[floa
                     break
                 reqs = list(distinct_requests(have, size, ts))  # built while the relay idles
                 cpu, _ = feed(proc, rx, reqs, RW1_HEADERS, 3 * len(warm) + size, timeout=3600)
+                fed = time.monotonic()
                 got, _ = _settled(rx, 1.5)
                 created = int(rx.metric("vm_new_timeseries_created_total"))
                 if got != 3 * len(warm) + size or created != len(warm) + size:
                     raise RuntimeError(f"memory at {size}: receiver stored {got} samples of {created} series, "
                                        f"expected {3 * len(warm) + size} of {len(warm) + size}")
+                # the relay trims a burst's freed blocks once its write path has been quiet for QUIET_S
+                time.sleep(max(0.0, fed + memory_trim.QUIET_S + 1.0 - time.monotonic()))
                 rss = status_kib(proc.pid, "VmRSS") / 1024
                 settled = None
                 if steady:

@@ -12,10 +12,12 @@ arena it came from; requests of the usual size (a few hundred KB) stay on the he
 
 Two callers of :func:`trim`, for the small blocks a peak leaves behind: the pipeline's periodic
 ``expire`` (once a minute in the daemon), outside its lock; and the write path's
-:class:`PeakTrimmer`, once a peak of large requests is over (the last large request in flight has
-finished), on a timer thread a moment later (``SETTLE_S``: the connection has freed the body it
-read) and at most once per ``min_interval_s``, never for a small request; the request path itself
-never trims. A trim costs a walk over the free chunks (milliseconds for a few hundred MB). Where the
+:class:`PeakTrimmer`, on a timer thread: once a peak of large requests is over (the last request in
+flight has finished; ``SETTLE_S`` later, the connection has freed the body it read), and once a burst
+of usual-size requests (``VOLUME_BYTES`` since the last trim: new series grow the tables that hold
+them and free the old ones) is followed by ``QUIET_S`` without a request; at most once per
+``min_interval_s``. Steady traffic, never quiet, is left to the minute's upkeep; the request path
+itself never trims. A trim costs a walk over the free chunks (milliseconds for a few hundred MB). Where the
 C library is not glibc, nothing is done (False).
 
 ``malloc_trim`` gives back the free chunks inside every arena, and the main heap's top, but not the
@@ -44,6 +46,8 @@ from typing import Any
 LARGE_REQUEST_BYTES = 4 << 20  # a request body this large (as sent or decoded) is a peak worth trimming after
 MIN_INTERVAL_S = 1.0  # the write path trims at most this often
 SETTLE_S = 0.2  # after a peak's last large request: time for its connection to send the reply and free the body
+VOLUME_BYTES = 32 << 20  # usual-size requests adding up to this since the last trim: a burst worth a trim
+QUIET_S = 2.0  # after a burst: how long the write path is quiet first (the delivery has freed its batches)
 TOUCH_BYTES = 96 << 10  # freed in each arena: >= 64 KiB (free() trims the top past that), < 128 KiB (never mmapped)
 TOUCH_TRIM_THRESHOLD = 128 << 10  # glibc's default M_TRIM_THRESHOLD: while the arenas are touched
 TOUCH_WAIT_S = 2.0  # the most a touching thread waits for the others
@@ -208,51 +212,81 @@ def trim_arenas() -> bool:
 
 
 class PeakTrimmer:
-    """Trims after a peak of large requests (:func:`trim_arenas`). Thread-safe. A request runs inside
+    """Trims after a peak (:func:`trim_arenas`). Thread-safe. A request runs inside
     ``with trimmer.request(len(body)) as r:`` and tells ``r.saw(n)`` of any larger size it meets (its
-    decoded bytes); a request that is large at some point counts in flight until its ``with`` ends."""
+    decoded bytes). Two kinds of peak:
+
+    - a large request (``large_bytes`` or more at some point): once the last request in flight has
+      ended, a trim runs ``settle_s`` later (the reply sent, the body freed), at most once per
+      ``min_interval_s``;
+    - a burst of requests of the usual size, ``volume_bytes`` or more (each counted at its largest)
+      since the last trim: once the write path has been quiet (no request in flight, none ended) for
+      ``quiet_s``. New series leave freed blocks behind as the tables and dicts holding them grow, and
+      the delivery frees its batches after the last write; without this, they stay until the minute's
+      upkeep (``Pipeline.expire``). Steady traffic is never quiet, so it is never trimmed here.
+
+    A trim that falls due while a request is in flight stands down; that request's end arms it again."""
 
     def __init__(self, large_bytes: int = LARGE_REQUEST_BYTES, min_interval_s: float = MIN_INTERVAL_S, *,
-                 settle_s: float = SETTLE_S, clock: Callable[[], float] = time.monotonic,
-                 trim_fn: Callable[[], object] = trim_arenas) -> None:
+                 settle_s: float = SETTLE_S, volume_bytes: int = VOLUME_BYTES, quiet_s: float = QUIET_S,
+                 clock: Callable[[], float] = time.monotonic, trim_fn: Callable[[], object] = trim_arenas) -> None:
         self.large_bytes = large_bytes
         self.min_interval_s = min_interval_s
         self.settle_s = settle_s
+        self.volume_bytes = volume_bytes
+        self.quiet_s = quiet_s
         self._clock = clock
         self._trim_fn = trim_fn
         self._lock = threading.Lock()
-        self._in_flight = 0  # large requests not finished
+        self._in_flight = 0  # requests not finished
+        self._large_due = False  # a large request ended since the last trim
+        self._volume = 0  # bytes of the requests ended since the last trim
+        self._last_end = -float("inf")  # when the last request ended
         self._last = -float("inf")  # when the last trim ran
-        self._timer: threading.Timer | None = None  # the trim due (after the settle time or the interval)
+        self._timer: threading.Timer | None = None  # the trim due (after the settle time, the interval or the quiet)
         self.trims = 0  # trims run (tests, debugging)
 
     def request(self, size: int) -> PeakRequest:
+        with self._lock:
+            self._in_flight += 1
         r = PeakRequest(self)
         r.saw(size)
         return r
 
-    def _begin(self) -> None:
-        with self._lock:
-            self._in_flight += 1
-
-    def _end(self) -> None:
-        """A large request is done; after the last one in flight, a trim is due: on a timer, ``SETTLE_S``
-        on (the reply sent, the body its connection read freed) or at the end of the interval."""
+    def _end(self, large: bool, size: int) -> None:
+        """A request is done; once none is in flight, a trim is armed if one is due."""
         with self._lock:
             self._in_flight -= 1
-            if self._in_flight or self._timer is not None:
-                return  # the peak goes on, or a trim is already due
-            wait = max(self.settle_s, self._last + self.min_interval_s - self._clock())
-            self._timer = threading.Timer(wait, self._deferred)
-            self._timer.daemon = True
-            self._timer.start()
+            self._large_due = self._large_due or large
+            self._volume += size
+            self._last_end = self._clock()
+            if not self._in_flight and self._timer is None:
+                self._arm()
+
+    def _arm(self) -> None:
+        """Under the lock, no request in flight and no timer: a timer for the trim due, if one is."""
+        now = self._clock()
+        if self._large_due:
+            wait = max(self.settle_s, self._last + self.min_interval_s - now)
+        elif self._volume >= self.volume_bytes:
+            wait = max(self._last_end + self.quiet_s - now, self._last + self.min_interval_s - now, 0.0)
+        else:
+            return
+        self._timer = threading.Timer(wait, self._deferred)
+        self._timer.daemon = True
+        self._timer.start()
 
     def _deferred(self) -> None:
         with self._lock:
             self._timer = None
             if self._in_flight:
-                return  # another peak began: its end trims
+                return  # another request began: its end arms the trim again
+            if not self._large_due and self._clock() < self._last_end + self.quiet_s:
+                self._arm()  # a request came and went meanwhile: not quiet yet
+                return
             self._last = self._clock()
+            self._large_due = False
+            self._volume = 0
         self._run()
 
     def _run(self) -> None:
@@ -269,22 +303,24 @@ class PeakTrimmer:
 class PeakRequest:
     """One request's share of a :class:`PeakTrimmer` (a context manager)."""
 
-    __slots__ = ("_large", "_owner")
+    __slots__ = ("_done", "_large", "_owner", "_size")
 
     def __init__(self, owner: PeakTrimmer) -> None:
         self._owner = owner
         self._large = False
+        self._size = 0  # the most it held at once
+        self._done = False
 
     def saw(self, size: int) -> None:
         """The request holds ``size`` bytes at once (its body, its decoded bytes)."""
-        if not self._large and size >= self._owner.large_bytes:
-            self._large = True
-            self._owner._begin()
+        if size > self._size:
+            self._size = size
+            self._large = self._large or size >= self._owner.large_bytes
 
     def __enter__(self) -> PeakRequest:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._large:
-            self._large = False
-            self._owner._end()
+        if not self._done:
+            self._done = True
+            self._owner._end(self._large, self._size)

@@ -89,3 +89,63 @@ def test_glibc_takes_the_mmap_threshold_and_trim_reports_a_bool() -> None:
         pytest.skip("not glibc: nothing to set")
     assert memory_trim.map_large_blocks() is True
     assert isinstance(memory_trim.trim(), bool)
+
+
+def burst_trimmer(quiet: float, interval: float = 0.0) -> tuple[PeakTrimmer, list[int]]:
+    calls: list[int] = []
+    return PeakTrimmer(LARGE, interval, settle_s=0.01, volume_bytes=10 * LARGE // 2, quiet_s=quiet,
+                       trim_fn=lambda: calls.append(1)), calls
+
+
+@pytest.mark.parametrize(("sizes", "trims"), [
+    ([LARGE // 2] * 9, 0),  # usual-size requests, just under the burst's volume
+    ([LARGE // 2] * 10, 1),  # the volume reached: one trim once quiet
+    ([LARGE // 2] * 25, 1),  # far past it: still one
+])
+def test_a_burst_of_usual_requests_is_trimmed_once_when_quiet(sizes: list[int], trims: int) -> None:
+    t, calls = burst_trimmer(quiet=0.05)
+    for size in sizes:
+        with t.request(10) as r:
+            r.saw(size)  # counted at its largest (decoded), not as sent
+    assert wait_until(lambda: not t.pending(), timeout=10.0)
+    assert len(calls) == trims
+
+
+def test_a_burst_is_not_trimmed_while_requests_keep_coming() -> None:
+    t, calls = burst_trimmer(quiet=0.6)
+    for _ in range(10):
+        with t.request(LARGE // 2):
+            pass
+    for _ in range(6):  # a request every 0.2 s: never 0.6 s quiet
+        threading.Event().wait(0.2)
+        with t.request(10):
+            pass
+        assert calls == []
+    assert wait_until(lambda: len(calls) == 1, timeout=10.0)  # then quiet: the trim
+    assert not t.pending()
+
+
+def test_a_burst_trim_stands_down_for_a_request_in_flight() -> None:
+    t, calls = burst_trimmer(quiet=0.05)
+    for _ in range(10):
+        with t.request(LARGE // 2):
+            pass
+    long = t.request(10)
+    with long:
+        threading.Event().wait(0.3)  # the quiet time passes with a request in flight
+        assert calls == []
+    assert wait_until(lambda: len(calls) == 1, timeout=10.0)
+
+
+def test_after_a_trim_the_volume_counts_again_from_zero() -> None:
+    t, calls = burst_trimmer(quiet=0.05)
+    for _ in range(10):
+        with t.request(LARGE // 2):
+            pass
+    assert wait_until(lambda: len(calls) == 1, timeout=10.0)
+    for _ in range(9):
+        with t.request(LARGE // 2):
+            pass
+    assert wait_until(lambda: not t.pending(), timeout=10.0)
+    threading.Event().wait(0.2)
+    assert len(calls) == 1  # 9 more: under the volume again
